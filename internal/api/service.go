@@ -135,7 +135,9 @@ type Service interface {
 	CreateTenant(ctx context.Context, c Caller, t Tenant) (*Tenant, error)
 	ListTenants(ctx context.Context, c Caller) ([]Tenant, error)
 	DeleteTenant(ctx context.Context, c Caller, name string) error
-	CreateToken(ctx context.Context, c Caller, tenant string) (*Token, error)
+	// CreateToken issues a token for tenant; by default its secret is
+	// "dsec_<hex>", WithTokenPrefix("e2b_") gives an E2B-shaped API key.
+	CreateToken(ctx context.Context, c Caller, tenant string, opts ...TokenOption) (*Token, error)
 	RevokeToken(ctx context.Context, c Caller, id string) error
 
 	NodeInfo(ctx context.Context, c Caller) ([]node.NodeInfo, error)

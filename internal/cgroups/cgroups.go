@@ -63,6 +63,10 @@ type Stats struct {
 	InactiveFile   uint64
 	Swap           uint64
 	OOMKills       uint64
+	// Zswap is the compressed size of the group's pages in the zswap pool
+	// and Zswapped their uncompressed size (v2 memory.stat; 0 on v1).
+	Zswap    uint64
+	Zswapped uint64
 
 	PidsCurrent uint64
 	PidsLimit   uint64
@@ -104,3 +108,14 @@ type Group interface {
 type Reclaimer interface {
 	Reclaim(bytes int64) error
 }
+
+// Additions below are additive to the original skeleton.
+
+// Both versions implement Reclaimer: v2 writes memory.reclaim; v1 has no such
+// file, so it lowers memory.limit_in_bytes by the asked amount (the kernel
+// reclaims synchronously to reach it, or refuses with EBUSY), with the group's
+// OOM killer disabled for that instant, and restores limit and OOM setting
+// right after. Neither path can OOM-kill the group.
+
+// Option configures a Manager (NewV1, NewV2, Detect).
+type Option func(*options) error

@@ -1,0 +1,13 @@
+// Package clienttest runs an in-process dsec API server for tests of the
+// SDK, the CLI and other callers that must not need root or a real node.
+//
+// Service is an in-memory api.Service: each sandbox is a directory on the
+// host (its "root"), execs are real host processes started in that
+// directory, and files are real files under it. It is a test double for the
+// control plane, not a sandbox: nothing is isolated. Node figures are
+// synthetic and deterministic (MemAvailable drops by MemPerSandbox for each
+// live sandbox) so callers can assert on what they compute from them.
+//
+// Handler serves the native HTTP contract over any api.Service, so SDK
+// tests exercise the same wire format the real server speaks.
+package clienttest

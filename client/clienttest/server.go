@@ -1,0 +1,68 @@
+package clienttest
+
+import (
+	"net"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// Server is a running test server.
+type Server struct {
+	HTTP    *httptest.Server
+	Service *Service
+	// Addr is the address to hand to client.New / DSEC_ADDR.
+	Addr string
+}
+
+// ServerOptions configure NewServer.
+type ServerOptions struct {
+	// Unix listens on a unix socket (admin caller, no token); otherwise
+	// TCP on loopback with RequireAuth.
+	Unix bool
+	// Images are registered up front.
+	Images []string
+}
+
+// NewServer starts a Service behind Handler and stops it (and kills its
+// execs and removes its sandbox roots) when the test ends.
+func NewServer(t testing.TB, opts ServerOptions) *Server {
+	t.Helper()
+	dir := t.TempDir()
+	svc := NewService(filepath.Join(dir, "sandboxes"))
+	for _, img := range opts.Images {
+		svc.AddImage(img)
+	}
+	hs := httptest.NewUnstartedServer(Handler(svc, HandlerOptions{RequireAuth: !opts.Unix}))
+	s := &Server{HTTP: hs, Service: svc}
+	if opts.Unix {
+		sock := filepath.Join(dir, "dsec.sock")
+		l, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Fatalf("listen on %s: %v", sock, err)
+		}
+		hs.Listener.Close()
+		hs.Listener = l
+		s.Addr = "unix://" + sock
+	}
+	hs.Start()
+	if !opts.Unix {
+		s.Addr = hs.URL
+	}
+	t.Cleanup(func() {
+		hs.CloseClientConnections()
+		hs.Close()
+		svc.mu.Lock()
+		ids := make([]string, 0, len(svc.sandboxes))
+		for id := range svc.sandboxes {
+			ids = append(ids, id)
+		}
+		svc.mu.Unlock()
+		for _, id := range ids {
+			_ = svc.DeleteSandbox(t.Context(), rootCaller, id)
+		}
+		_ = os.RemoveAll(dir)
+	})
+	return s
+}

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-dev/dsec/internal/api"
+	"github.com/dsec-dev/dsec/internal/image"
+	"github.com/dsec-dev/dsec/internal/netpolicy"
+	"github.com/dsec-dev/dsec/internal/node"
+	"github.com/dsec-dev/dsec/internal/rootfs"
+	"github.com/dsec-dev/dsec/internal/runtime"
+	"github.com/dsec-dev/dsec/internal/sandboxfs"
+	"github.com/dsec-dev/dsec/internal/seccomp"
+	boltstore "github.com/dsec-dev/dsec/internal/store/bolt"
+)
+
+// runServe wires the mechanisms into a node agent and the control plane,
+// serves the APIs until ctx ends, and leaves running sandboxes running.
+func runServe(ctx context.Context, o *serveOptions) (err error) {
+	log, err := newLogger(o.logLevel)
+	if err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("dsec serve must run as root (it creates namespaces, mounts and cgroups)")
+	}
+	cfg, err := loadServerConfig(o.configFile)
+	if err != nil {
+		return err
+	}
+	memory, err := parseSize(o.memory)
+	if err != nil {
+		return usagef("--default-memory: %v", err)
+	}
+	disk, err := parseSize(o.disk)
+	if err != nil {
+		return usagef("--default-disk: %v", err)
+	}
+	if o.dataDir, err = filepath.Abs(o.dataDir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.dataDir, 0o700); err != nil {
+		return err
+	}
+
+	// Mechanisms.
+	cg, err := detectCgroups()
+	if err != nil {
+		return fmt.Errorf("cgroups: %w", err)
+	}
+	pool, err := rootfs.NewDiskPool(filepath.Join(o.dataDir, "disks"), rootfs.WithPoolLogger(log))
+	if err != nil {
+		return err
+	}
+	rt, err := runtime.NewNamespaceRuntime(cg,
+		runtime.WithLogger(log.With("component", "runtime")),
+		runtime.WithDiskPool(pool),
+		runtime.WithSeccomp(func(s runtime.Spec) ([]unix.SockFilter, error) {
+			f, err := seccomp.DefaultFilter(seccomp.Options{AllowUserNS: s.AllowUserNS})
+			return f, err
+		}),
+	)
+	if err != nil {
+		return err
+	}
+	blobs, err := openBlobStore(ctx, o.store, o.dataDir)
+	if err != nil {
+		return err
+	}
+	meta, err := image.NewDirMeta(filepath.Join(o.dataDir, "images"))
+	if err != nil {
+		return err
+	}
+	imgStore, err := image.NewStore(blobs, meta, image.WithLogger(log.With("component", "image")),
+		image.WithTempDir(filepath.Join(o.dataDir, "tmp")))
+	if err != nil {
+		return err
+	}
+	lo := &layerdOptions{dataDir: o.dataDir, store: o.store, mode: o.layers, cacheSize: o.cacheSize,
+		socket: filepath.Join(o.dataDir, "layerd.sock")}
+	ld, err := ensureLayerd(ctx, lo, log)
+	if err != nil {
+		return err
+	}
+	var netw node.Network
+	{
+		ncfg := netpolicy.Config{Presets: cfg.Network.Presets, Exceptions: cfg.Network.Exceptions}
+		if cfg.Network.Subnet != "" {
+			if ncfg.Subnet, err = netip.ParsePrefix(cfg.Network.Subnet); err != nil {
+				return fmt.Errorf("config network.subnet: %w", err)
+			}
+		}
+		if ncfg.Protect, err = parseProtect(cfg.Network.Protect); err != nil {
+			return err
+		}
+		nm, err := netpolicy.NewManager(ncfg, log.With("component", "netpolicy"))
+		if err != nil {
+			return fmt.Errorf("network policy: %w", err)
+		}
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = nm.Close(cctx)
+		}()
+		netw = network{nm}
+	}
+
+	imgs := &images{st: imgStore, layerd: ld}
+	sampler := node.NewStatsSampler(cg.Version(), 60)
+	agent, err := node.NewLocal(ctx, node.Config{
+		Name: o.nodeName, DataDir: filepath.Join(o.dataDir, "node"),
+		DefaultCPU: o.cpu, DefaultMemoryBytes: memory, DefaultPids: o.pids, DefaultDiskBytes: disk,
+		DefaultEnv: []string{"HOME=/root", "TERM=xterm"},
+	}, node.Deps{
+		Runtime: rt, Images: imgs, Layers: layerLeases{ld}, Committer: imgs, Network: netw,
+		Files: sandboxfs.Opener(), Stats: sampler,
+		Admission: newAdmission(cg.Version(), o.overcommit, sampler),
+	}, log.With("component", "node"))
+	if err != nil {
+		return err
+	}
+	imgs.inUse = func(ctx context.Context) []string {
+		sbs, _ := agent.ListSandboxes(ctx)
+		refs := make([]string, 0, len(sbs))
+		for _, sb := range sbs {
+			refs = append(refs, sb.Spec.Image)
+		}
+		return refs
+	}
+
+	// Control plane.
+	st, err := boltstore.Open(filepath.Join(o.dataDir, "state.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	info, err := agent.Info(ctx)
+	if err != nil {
+		return err
+	}
+	svc, err := api.NewService(api.Config{
+		DataDir: o.dataDir, DefaultCPU: o.cpu, DefaultMemoryBytes: memory, DefaultDiskBytes: disk,
+	}, st, api.StaticNodes{info.Name: agent}, imgs, log.With("component", "api"))
+	if err != nil {
+		return err
+	}
+	if err := svc.Start(ctx); err != nil {
+		return err
+	}
+	defer svc.Close()
+
+	stopReclaim, err := startEfficiency(ctx, o, cg, agent, rt, log)
+	if err != nil {
+		return err
+	}
+	defer stopReclaim()
+
+	servers := []func(context.Context) error{}
+	h := api.NewHandler(svc, api.WithHandlerLogger(log.With("component", "http")))
+	srv := api.NewServer(h, log)
+	servers = append(servers, func(ctx context.Context) error { return srv.Serve(ctx, o.listen...) })
+	if o.e2bListen != "" {
+		e2b, err := newE2BServer(svc, o.e2bListen, log)
+		if err != nil {
+			return err
+		}
+		servers = append(servers, e2b)
+	}
+	log.Info("dsec serving", "listen", o.listen, "e2b", o.e2bListen, "data_dir", o.dataDir,
+		"cgroup_version", cg.Version(), "layers", o.layers, "node", info.Name)
+	errc := make(chan error, len(servers))
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for _, s := range servers {
+		go func() { errc <- s(sctx) }()
+	}
+	var first error
+	for range servers {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+			cancel()
+		}
+	}
+	// With no sandbox left, nothing needs the layer daemon: stop it so a
+	// stopped server leaves no mounts behind.
+	if sbs, err := agent.ListSandboxes(context.Background()); err == nil && len(sbs) == 0 {
+		qctx, qcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := ld.Quit(qctx, false); err != nil {
+			log.Warn("layer daemon kept running", "err", err)
+		}
+		qcancel()
+	}
+	log.Info("dsec stopped")
+	return first
+}
+

@@ -1,0 +1,181 @@
+package main
+
+// Adapters that plug the mechanism packages into the roles the node agent
+// and the control plane consume. They hold no logic of their own beyond
+// translating types.
+
+import (
+	"context"
+	"io"
+	"strconv"
+
+	"github.com/dsec-dev/dsec/internal/api"
+	"github.com/dsec-dev/dsec/internal/blob"
+	"github.com/dsec-dev/dsec/internal/image"
+	"github.com/dsec-dev/dsec/internal/layerd"
+	"github.com/dsec-dev/dsec/internal/netpolicy"
+	"github.com/dsec-dev/dsec/internal/node"
+)
+
+// layerLeases is node.LayerProvider over the layer daemon.
+type layerLeases struct{ c *layerd.Client }
+
+func (l layerLeases) Acquire(ctx context.Context, layer, holder string) (string, error) {
+	return l.c.Acquire(ctx, blob.Digest(layer), holder)
+}
+
+func (l layerLeases) Release(ctx context.Context, layer, holder string) error {
+	return l.c.Release(ctx, blob.Digest(layer), holder)
+}
+
+func (l layerLeases) Sync(ctx context.Context, live []string) error {
+	_, err := l.c.Sync(ctx, live)
+	return err
+}
+
+// images adapts image.Store to the node's and the control plane's roles.
+type images struct {
+	st     *image.Store
+	layerd *layerd.Client
+	// inUse lists the image refs live sandboxes run on (GC keeps them).
+	inUse func(ctx context.Context) []string
+}
+
+var (
+	_ node.ImageResolver  = (*images)(nil)
+	_ node.LayerCommitter = (*images)(nil)
+	_ api.ImageManager    = (*images)(nil)
+)
+
+func (im *images) ResolveLayers(ctx context.Context, ref string) ([]string, error) {
+	img, err := im.st.Resolve(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	ds := img.LayerDigests()
+	if im.layerd != nil {
+		// Tells the daemon which layers make up the image, for its stats.
+		_ = im.layerd.SetImage(ctx, img.Ref, ds)
+	}
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = string(d)
+	}
+	return out, nil
+}
+
+func (im *images) CommitUpper(ctx context.Context, baseRef, upperDir, newRef string) (string, error) {
+	img, err := im.st.CommitDir(ctx, baseRef, upperDir, newRef)
+	if err != nil {
+		return "", err
+	}
+	return img.Ref, nil
+}
+
+func imageInfo(img *image.Image) *api.ImageInfo {
+	layers := make([]string, len(img.Manifest.Layers))
+	for i, l := range img.Manifest.Layers {
+		layers[i] = string(l.Digest)
+	}
+	return &api.ImageInfo{
+		Name: img.Ref, Digest: string(img.Digest), Layers: layers, Size: img.Manifest.Size,
+		Owner: img.Owner, Public: img.Public, CreatedAt: img.Manifest.Created,
+	}
+}
+
+func progressOpt(fn func(api.ImportProgress)) image.ImportOpt {
+	return image.WithProgress(func(p image.Progress) {
+		if fn != nil {
+			fn(api.ImportProgress{Layer: p.Layer, Layers: p.Layers, Bytes: p.Bytes, BytesPerSec: p.BytesPerSec, Done: p.Done})
+		}
+	})
+}
+
+func (im *images) ImportPath(ctx context.Context, ref, path string, progress func(api.ImportProgress)) (*api.ImageInfo, error) {
+	img, err := im.st.Import(ctx, ref, path, progressOpt(progress))
+	if err != nil {
+		return nil, err
+	}
+	return imageInfo(img), nil
+}
+
+func (im *images) ImportTar(ctx context.Context, ref string, r io.Reader, progress func(api.ImportProgress)) (*api.ImageInfo, error) {
+	img, err := im.st.ImportReader(ctx, ref, r, progressOpt(progress))
+	if err != nil {
+		return nil, err
+	}
+	return imageInfo(img), nil
+}
+
+func (im *images) Resolve(ctx context.Context, ref string) (*api.ImageInfo, error) {
+	img, err := im.st.Resolve(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return imageInfo(img), nil
+}
+
+func (im *images) List(ctx context.Context) ([]api.ImageInfo, error) {
+	imgs, err := im.st.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.ImageInfo, len(imgs))
+	for i := range imgs {
+		out[i] = *imageInfo(&imgs[i])
+	}
+	return out, nil
+}
+
+func (im *images) Remove(ctx context.Context, ref string) error { return im.st.Remove(ctx, ref) }
+
+func (im *images) GC(ctx context.Context) (*api.GCResult, error) {
+	var keep []blob.Digest
+	for _, ref := range im.inUse(ctx) {
+		if img, err := im.st.Resolve(ctx, ref); err == nil {
+			keep = append(keep, img.LayerDigests()...)
+		}
+	}
+	res, err := im.st.GC(ctx, func() []blob.Digest { return keep })
+	if err != nil {
+		return nil, err
+	}
+	return &api.GCResult{RemovedBlobs: res.RemovedBlobs, FreedBytes: res.FreedBytes, KeptBlobs: res.KeptBlobs}, nil
+}
+
+func (im *images) Stats(ctx context.Context, ref string) (*api.ImageStats, error) {
+	img, err := im.st.Resolve(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	out := &api.ImageStats{Image: img.Ref, ImageBytes: img.Manifest.Size}
+	if im.layerd == nil {
+		return out, nil
+	}
+	_ = im.layerd.SetImage(ctx, img.Ref, img.LayerDigests())
+	st, err := im.layerd.ImageStats(ctx, img.Ref)
+	if err != nil {
+		// Unpacked layers keep no lazy-loading figures: the image is whole.
+		return out, nil
+	}
+	out.FetchedBytes, out.ReadBytes = st.FetchedBytes, st.ReadBytes
+	out.CacheHits, out.CacheMisses, out.FetchWaitSecs = st.CacheHits, st.CacheMisses, st.FetchWaitSecs
+	if n := st.CacheHits + st.CacheMisses; n > 0 {
+		out.HitRatio = float64(st.CacheHits) / float64(n)
+	}
+	return out, nil
+}
+
+// network is node.Network over netpolicy, joining the sandbox's netns by pid.
+type network struct{ m *netpolicy.Manager }
+
+func (n network) Attach(ctx context.Context, id string, pid int, p node.NetworkPolicy) error {
+	return n.m.Attach(ctx, id, "/proc/"+strconv.Itoa(pid)+"/ns/net", p)
+}
+
+func (n network) Update(ctx context.Context, id string, p node.NetworkPolicy) error {
+	return n.m.Update(ctx, id, p)
+}
+
+func (n network) Detach(ctx context.Context, id string) error { return n.m.Detach(ctx, id) }
+

@@ -1,0 +1,258 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/dsec-dev/dsec/internal/errdefs"
+	"github.com/dsec-dev/dsec/internal/store"
+)
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// imageACL is who owns an image name (all its tags) and whether every
+// tenant may use it. Images without an entry (imported out of band, or
+// hidden fork images) belong to the admin and are private.
+type imageACL struct {
+	Name   string `json:"name"` // NAME, without tag
+	Owner  string `json:"owner"`
+	Public bool   `json:"public,omitempty"`
+}
+
+func (s *ControlPlane) acl(ctx context.Context, r store.Reader, ref string) (imageACL, error) {
+	name, _, err := parseRef(ref)
+	if err != nil {
+		return imageACL{}, err
+	}
+	var a imageACL
+	err = r.Get(ctx, store.BucketImageACL, name, &a)
+	if errdefs.IsNotFound(err) {
+		return imageACL{Name: name, Owner: AdminTenant}, nil
+	}
+	return a, err
+}
+
+func canSee(a imageACL, tenant string, admin bool) bool {
+	return admin || a.Public || a.Owner == tenant
+}
+
+func imageNotFound(ref string) error { return fmt.Errorf("image %s: %w", ref, errdefs.ErrNotFound) }
+
+// checkImageUse fails with ErrNotFound unless tenant may use the image and
+// (when an image manager is wired) it exists.
+func (s *ControlPlane) checkImageUse(ctx context.Context, tenant string, admin bool, ref string) error {
+	a, err := s.acl(ctx, s.st, ref)
+	if err != nil {
+		return err
+	}
+	if !canSee(a, tenant, admin) {
+		return imageNotFound(ref)
+	}
+	if s.images != nil {
+		if _, err := s.images.Resolve(ctx, ref); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// claimImageName makes tenant the owner of ref's name unless another
+// tenant owns it. Names are shared by all tenants, so a taken name is a
+// conflict (it does not say whose).
+func (s *ControlPlane) claimImageName(ctx context.Context, tenant, ref string, public bool) error {
+	name, _, err := parseRef(ref)
+	if err != nil {
+		return err
+	}
+	return s.st.Update(ctx, func(tx store.Tx) error {
+		var a imageACL
+		err := tx.Get(ctx, store.BucketImageACL, name, &a)
+		switch {
+		case errdefs.IsNotFound(err):
+			if tenant != AdminTenant && s.images != nil {
+				// An image without ACL entry is the admin's.
+				if list, lerr := s.images.List(ctx); lerr == nil {
+					for _, im := range list {
+						if n, _, _ := parseRef(im.Name); n == name {
+							return fmt.Errorf("image name %s is taken: %w", name, errdefs.ErrAlreadyExists)
+						}
+					}
+				}
+			}
+			return tx.Put(ctx, store.BucketImageACL, name, imageACL{Name: name, Owner: tenant, Public: public})
+		case err != nil:
+			return err
+		case a.Owner != tenant:
+			return fmt.Errorf("image name %s is taken: %w", name, errdefs.ErrAlreadyExists)
+		case public && !a.Public:
+			a.Public = true
+			return tx.Put(ctx, store.BucketImageACL, name, a)
+		}
+		return nil
+	})
+}
+
+func (s *ControlPlane) withACL(ctx context.Context, info *ImageInfo) (*ImageInfo, error) {
+	a, err := s.acl(ctx, s.st, info.Name)
+	if err != nil {
+		return nil, err
+	}
+	out := *info
+	out.Owner, out.Public = a.Owner, a.Public
+	return &out, nil
+}
+
+func (s *ControlPlane) needImages() error {
+	if s.images == nil {
+		return fmt.Errorf("no image store is configured: %w", errdefs.ErrNotImplemented)
+	}
+	return nil
+}
+
+// ImportImage implements Service. Importing from a server path is for
+// admins only: it reads the server's file system.
+func (s *ControlPlane) ImportImage(ctx context.Context, c Caller, ref, path string, r io.Reader, public bool, progress func(ImportProgress)) (_ *ImageInfo, err error) {
+	defer s.done(c, "ImportImage", nil, &err)
+	if err := s.needImages(); err != nil {
+		return nil, err
+	}
+	ref, err = normRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case path != "" && r != nil:
+		return nil, invalid("give either a server path or an uploaded tar, not both")
+	case path == "" && r == nil:
+		return nil, invalid("give a server path or an uploaded tar")
+	case path != "":
+		if err := requireAdmin(c, "importing from a server path"); err != nil {
+			return nil, err
+		}
+		if err := validPath("path", path); err != nil {
+			return nil, err
+		}
+	}
+	if public && !c.Admin {
+		return nil, fmt.Errorf("only admins publish public images: %w", errdefs.ErrPermissionDenied)
+	}
+	if err := s.claimImageName(ctx, c.Tenant, ref, public); err != nil {
+		return nil, err
+	}
+	if progress == nil {
+		progress = func(ImportProgress) {}
+	}
+	var info *ImageInfo
+	if path != "" {
+		info, err = s.images.ImportPath(ctx, ref, path, progress)
+	} else {
+		info, err = s.images.ImportTar(ctx, ref, r, progress)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s.withACL(ctx, info)
+}
+
+// ListImages implements Service: the caller's images and public ones.
+func (s *ControlPlane) ListImages(ctx context.Context, c Caller) (_ []ImageInfo, err error) {
+	defer s.done(c, "ListImages", nil, &err)
+	if err := s.needImages(); err != nil {
+		return nil, err
+	}
+	all, err := s.images.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := []ImageInfo{}
+	for i := range all {
+		info, err := s.withACL(ctx, &all[i])
+		if err != nil {
+			return nil, err
+		}
+		if canSee(imageACL{Owner: info.Owner, Public: info.Public}, c.Tenant, c.Admin) {
+			out = append(out, *info)
+		}
+	}
+	return out, nil
+}
+
+// GetImage implements Service.
+func (s *ControlPlane) GetImage(ctx context.Context, c Caller, ref string) (_ *ImageInfo, err error) {
+	defer s.done(c, "GetImage", nil, &err)
+	return s.visibleImage(ctx, c, ref)
+}
+
+func (s *ControlPlane) visibleImage(ctx context.Context, c Caller, ref string) (*ImageInfo, error) {
+	if err := s.needImages(); err != nil {
+		return nil, err
+	}
+	ref, err := normRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	a, err := s.acl(ctx, s.st, ref)
+	if err != nil {
+		return nil, err
+	}
+	if !canSee(a, c.Tenant, c.Admin) {
+		return nil, imageNotFound(ref)
+	}
+	info, err := s.images.Resolve(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return s.withACL(ctx, info)
+}
+
+// RemoveImage implements Service: owners and admins only. A public image
+// of another tenant is visible but not removable.
+func (s *ControlPlane) RemoveImage(ctx context.Context, c Caller, ref string) (err error) {
+	defer s.done(c, "RemoveImage", nil, &err)
+	info, err := s.visibleImage(ctx, c, ref)
+	if err != nil {
+		return err
+	}
+	if !c.Admin && info.Owner != c.Tenant {
+		return fmt.Errorf("image %s belongs to another tenant: %w", info.Name, errdefs.ErrPermissionDenied)
+	}
+	if err := s.images.Remove(ctx, info.Name); err != nil {
+		return err
+	}
+	// The ACL is per name: drop it once the last tag is gone.
+	name, _, _ := parseRef(info.Name)
+	all, err := s.images.List(ctx)
+	if err != nil {
+		return nil
+	}
+	for _, im := range all {
+		if n, _, _ := parseRef(im.Name); n == name {
+			return nil
+		}
+	}
+	return ignoreNotFound(s.st.Delete(ctx, store.BucketImageACL, name))
+}
+
+// GCImages implements Service (admin only: it affects everyone).
+func (s *ControlPlane) GCImages(ctx context.Context, c Caller) (_ *GCResult, err error) {
+	defer s.done(c, "GCImages", nil, &err)
+	if err := requireAdmin(c, "image garbage collection"); err != nil {
+		return nil, err
+	}
+	if err := s.needImages(); err != nil {
+		return nil, err
+	}
+	return s.images.GC(ctx)
+}
+
+// ImageStats implements Service.
+func (s *ControlPlane) ImageStats(ctx context.Context, c Caller, ref string) (_ *ImageStats, err error) {
+	defer s.done(c, "ImageStats", nil, &err)
+	info, err := s.visibleImage(ctx, c, ref)
+	if err != nil {
+		return nil, err
+	}
+	return s.images.Stats(ctx, info.Name)
+}

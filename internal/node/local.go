@@ -1,0 +1,665 @@
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/dsec-dev/dsec/internal/cgroups"
+	"github.com/dsec-dev/dsec/internal/errdefs"
+	"github.com/dsec-dev/dsec/internal/runtime"
+)
+
+// Config configures a Local agent.
+type Config struct {
+	Name    string
+	DataDir string // the agent keeps sandboxes/ and meta/ below it
+
+	DefaultCPU         float64
+	DefaultMemoryBytes int64
+	DefaultPids        int64
+	DefaultDiskBytes   int64
+	DefaultEnv         []string
+}
+
+// Deps are the mechanisms the agent drives. Network and Admission may be nil.
+type Deps struct {
+	Runtime   runtime.Runtime
+	Images    ImageResolver
+	Layers    LayerProvider
+	Committer LayerCommitter
+	Network   Network
+	Files     FileRootOpener
+	Admission Admission
+	Stats     *StatsSampler
+}
+
+// Local is the Agent of the host it runs on.
+type Local struct {
+	cfg  Config
+	deps Deps
+	log  *slog.Logger
+
+	mu  sync.RWMutex
+	sbs map[string]*sandbox
+}
+
+var _ Agent = (*Local)(nil)
+
+type sandbox struct {
+	mu       sync.Mutex
+	rec      Sandbox
+	releases []func()
+	attached bool
+	execs    map[string]*execEntry
+}
+
+type execEntry struct {
+	info ExecInfo
+	exec runtime.Exec
+	done chan struct{}
+}
+
+// NewLocal returns an agent and adopts the sandboxes an earlier process left
+// running. Sandboxes whose processes died meanwhile are kept as StateDead.
+func NewLocal(ctx context.Context, cfg Config, deps Deps, log *slog.Logger) (*Local, error) {
+	if deps.Runtime == nil || deps.Images == nil || deps.Layers == nil || deps.Files == nil {
+		return nil, fmt.Errorf("node: runtime, images, layers and files are required: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.Name == "" {
+		h, _ := os.Hostname()
+		cfg.Name = h
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	l := &Local{cfg: cfg, deps: deps, log: log, sbs: map[string]*sandbox{}}
+	for _, d := range []string{l.metaDir(), l.sandboxesDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
+	}
+	if err := l.recover(ctx); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *Local) metaDir() string      { return filepath.Join(l.cfg.DataDir, "meta") }
+func (l *Local) sandboxesDir() string { return filepath.Join(l.cfg.DataDir, "sandboxes") }
+func (l *Local) metaPath(id string) string {
+	return filepath.Join(l.metaDir(), id+".json")
+}
+
+// recover adopts every sandbox recorded on disk.
+func (l *Local) recover(ctx context.Context) error {
+	ents, err := os.ReadDir(l.metaDir())
+	if err != nil {
+		return fmt.Errorf("node: recover: %w", err)
+	}
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(l.metaDir(), e.Name()))
+		if err != nil {
+			return fmt.Errorf("node: recover %s: %w", e.Name(), err)
+		}
+		var rec Sandbox
+		if err := json.Unmarshal(b, &rec); err != nil {
+			l.log.Error("node: unreadable sandbox record kept aside", "file", e.Name(), "err", err)
+			continue
+		}
+		sb := &sandbox{rec: rec, execs: map[string]*execEntry{}}
+		if rec.State == StateCreating || rec.State == StateDeleted {
+			// A create or delete interrupted by a crash: finish the delete.
+			l.sbs[rec.ID] = sb
+			_ = l.destroy(ctx, sb)
+			continue
+		}
+		if rec.State != StateDead {
+			if err := l.deps.Runtime.Adopt(ctx, rec.Runtime); err != nil {
+				l.log.Warn("node: sandbox died while no server ran", "id", rec.ID, "err", err)
+				sb.rec.State = StateDead
+				sb.rec.Reason = "processes ended while the server was down: " + err.Error()
+			} else {
+				// Hold the layers again so they stay mounted for it.
+				if _, err := l.acquireLayers(ctx, sb); err != nil {
+					l.log.Error("node: re-acquire layers", "id", rec.ID, "err", err)
+				}
+				sb.attached = len(rec.Spec.Network.Allow) > 0
+				if sb.attached && l.deps.Network != nil {
+					if err := l.deps.Network.Attach(ctx, rec.ID, rec.Runtime.Pid, rec.Spec.Network); err != nil {
+						l.log.Error("node: re-attach network", "id", rec.ID, "err", err)
+					}
+				}
+			}
+			_ = l.persist(sb)
+		}
+		l.sbs[rec.ID] = sb
+		l.log.Info("node: adopted sandbox", "id", rec.ID, "state", sb.rec.State)
+	}
+	live := make([]string, 0, len(l.sbs))
+	for id, sb := range l.sbs {
+		if sb.rec.State == StateRunning || sb.rec.State == StatePaused {
+			live = append(live, id)
+		}
+	}
+	if err := l.deps.Layers.Sync(ctx, live); err != nil {
+		l.log.Warn("node: sync layer leases", "err", err)
+	}
+	return nil
+}
+
+func (l *Local) persist(sb *sandbox) error {
+	b, err := json.Marshal(&sb.rec)
+	if err != nil {
+		return err
+	}
+	p := l.metaPath(sb.rec.ID)
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("node: persist %s: %w", sb.rec.ID, err)
+	}
+	return os.Rename(tmp, p)
+}
+
+// NewID returns a fresh sandbox id.
+func NewID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "sb-" + hex.EncodeToString(b[:])
+}
+
+func validID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func (l *Local) get(id string) (*sandbox, error) {
+	l.mu.RLock()
+	sb := l.sbs[id]
+	l.mu.RUnlock()
+	if sb == nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	return sb, nil
+}
+
+func (l *Local) touch(sb *sandbox) {
+	sb.mu.Lock()
+	sb.rec.LastActivity = time.Now()
+	sb.mu.Unlock()
+}
+
+// resources turns a spec into cgroup settings. CPU requests become weights
+// (1 core = 100); QoS scales them; batch sandboxes are marked idle.
+func resources(spec SandboxSpec) cgroups.Resources {
+	r := cgroups.Resources{
+		MemoryLimit: spec.MemoryBytes,
+		PidsLimit:   spec.Pids,
+		SwapLimit:   -1,
+	}
+	w := uint64(spec.CPU * 100)
+	switch spec.QoS {
+	case QoSLatency:
+		w *= 10
+	case QoSBatch:
+		w = 1
+		r.CPUIdle = true
+	}
+	if w < 1 {
+		w = 1
+	}
+	if w > 10000 {
+		w = 10000
+	}
+	r.CPUWeight = w
+	if spec.CPULimit > 0 {
+		r.CPUPeriodMicros = 100000
+		r.CPUQuotaMicros = int64(spec.CPULimit * 100000)
+	}
+	return r
+}
+
+func (l *Local) applyDefaults(spec *SandboxSpec) error {
+	if spec.ID == "" {
+		spec.ID = NewID()
+	}
+	if !validID(spec.ID) {
+		return fmt.Errorf("sandbox id %q: only a-z, 0-9, - and _ (at most 64): %w", spec.ID, errdefs.ErrInvalidArgument)
+	}
+	if spec.Image == "" && spec.FromSandbox == "" {
+		return fmt.Errorf("an image is required: %w", errdefs.ErrInvalidArgument)
+	}
+	if spec.CPU < 0 || spec.CPULimit < 0 || spec.MemoryBytes < 0 || spec.Pids < 0 || spec.DiskBytes < 0 {
+		return fmt.Errorf("resources must not be negative: %w", errdefs.ErrInvalidArgument)
+	}
+	if spec.CPU == 0 {
+		spec.CPU = l.cfg.DefaultCPU
+	}
+	if spec.MemoryBytes == 0 {
+		spec.MemoryBytes = l.cfg.DefaultMemoryBytes
+	}
+	if spec.Pids == 0 {
+		spec.Pids = l.cfg.DefaultPids
+	}
+	if spec.DiskBytes == 0 {
+		spec.DiskBytes = l.cfg.DefaultDiskBytes
+	}
+	switch spec.QoS {
+	case "":
+		spec.QoS = QoSStandard
+	case QoSLatency, QoSStandard, QoSBatch:
+	default:
+		return fmt.Errorf("qos %q: want latency, standard or batch: %w", spec.QoS, errdefs.ErrInvalidArgument)
+	}
+	switch spec.OnIdle {
+	case "":
+		spec.OnIdle = "delete"
+	case "delete", "pause":
+	default:
+		return fmt.Errorf("on_idle %q: want delete or pause: %w", spec.OnIdle, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Info implements Agent.
+func (l *Local) Info(ctx context.Context) (*NodeInfo, error) {
+	info := &NodeInfo{Name: l.cfg.Name, CPUs: numCPU(), Features: map[string]string{}}
+	mi, err := ReadMeminfo()
+	if err == nil {
+		info.MemoryBytes = mi["MemTotal"]
+		info.MemAvailable = mi["MemAvailable"]
+	}
+	l.mu.RLock()
+	sbs := make([]*sandbox, 0, len(l.sbs))
+	for _, sb := range l.sbs {
+		sbs = append(sbs, sb)
+	}
+	l.mu.RUnlock()
+	for _, sb := range sbs {
+		sb.mu.Lock()
+		st, spec := sb.rec.State, sb.rec.Spec
+		sb.mu.Unlock()
+		if st != StateRunning && st != StatePaused {
+			continue
+		}
+		info.Sandboxes++
+		info.CPURequested += spec.CPU
+		if s, err := l.SandboxStats(ctx, spec.ID); err == nil {
+			info.CPUUsed += s.CPUUsed
+			info.MemoryHeldBytes += s.MemoryHeldBytes
+			info.MemoryReclaimableBytes += s.MemoryReclaimableBytes
+		}
+	}
+	if l.deps.Stats != nil {
+		info.CgroupVersion = l.deps.Stats.CgroupVersion
+	}
+	info.SchedCore = SchedCoreSupported()
+	info.Features["sched_core"] = fmt.Sprint(info.SchedCore)
+	return info, nil
+}
+
+// Capacity implements Agent.
+func (l *Local) Capacity(ctx context.Context, shape SandboxSpec) (*Capacity, error) {
+	if l.deps.Admission == nil {
+		return nil, fmt.Errorf("capacity: no admission policy configured: %w", errdefs.ErrNotImplemented)
+	}
+	if err := l.applyDefaults(&shape); err != nil && !errdefs.IsInvalidArgument(err) {
+		return nil, err
+	}
+	return l.deps.Admission.Capacity(ctx, shape)
+}
+
+// CreateSandbox implements Agent. It returns once the sandbox's init runs.
+func (l *Local) CreateSandbox(ctx context.Context, spec SandboxSpec) (*Sandbox, error) {
+	if spec.Image == "" && spec.FromSandbox != "" {
+		spec.Image = "-" // resolved from the fork's snapshot below
+	}
+	if err := l.applyDefaults(&spec); err != nil {
+		return nil, err
+	}
+	if spec.FromSandbox != "" {
+		ref, err := l.forkImage(ctx, spec.FromSandbox)
+		if err != nil {
+			return nil, err
+		}
+		spec.Image = ref
+	}
+	if l.deps.Admission != nil {
+		if err := l.deps.Admission.Admit(ctx, spec); err != nil {
+			return nil, err
+		}
+	}
+	now := time.Now()
+	sb := &sandbox{
+		rec: Sandbox{
+			Spec: spec, ID: spec.ID, Node: l.cfg.Name, State: StateCreating,
+			CreatedAt: now, LastActivity: now,
+		},
+		execs: map[string]*execEntry{},
+	}
+	l.mu.Lock()
+	if _, ok := l.sbs[spec.ID]; ok {
+		l.mu.Unlock()
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrAlreadyExists)
+	}
+	l.sbs[spec.ID] = sb
+	l.mu.Unlock()
+
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err := l.create(ctx, sb); err != nil {
+		_ = l.destroy(context.WithoutCancel(ctx), sb)
+		return nil, err
+	}
+	rec := sb.rec
+	return &rec, nil
+}
+
+func (l *Local) acquireLayers(ctx context.Context, sb *sandbox) ([]string, error) {
+	layers, err := l.deps.Images.ResolveLayers(ctx, sb.rec.Spec.Image)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", sb.rec.Spec.Image, err)
+	}
+	lower := make([]string, len(layers))
+	id := sb.rec.ID
+	for i, ly := range layers {
+		p, err := l.deps.Layers.Acquire(ctx, ly, id)
+		if err != nil {
+			return nil, fmt.Errorf("image %s: layer %s: %w", sb.rec.Spec.Image, ly, err)
+		}
+		sb.releases = append(sb.releases, func() {
+			if err := l.deps.Layers.Release(context.Background(), ly, id); err != nil {
+				l.log.Warn("node: release layer", "sandbox", id, "layer", ly, "err", err)
+			}
+		})
+		// overlayfs wants the top-most layer first.
+		lower[len(layers)-1-i] = p
+	}
+	return lower, nil
+}
+
+// create runs with sb.mu held.
+func (l *Local) create(ctx context.Context, sb *sandbox) error {
+	if err := l.persist(sb); err != nil {
+		return err
+	}
+	spec := sb.rec.Spec
+	lower, err := l.acquireLayers(ctx, sb)
+	if err != nil {
+		return err
+	}
+	env := append(append([]string{}, l.cfg.DefaultEnv...), spec.Env...)
+	st, err := l.deps.Runtime.Create(ctx, runtime.Spec{
+		ID:          spec.ID,
+		Hostname:    spec.ID,
+		Dir:         filepath.Join(l.sandboxesDir(), spec.ID),
+		Lower:       lower,
+		Env:         env,
+		Resources:   resources(spec),
+		DiskBytes:   spec.DiskBytes,
+		AllowUserNS: spec.AllowUserNS,
+	})
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
+	sb.rec.Runtime = *st
+	if len(spec.Network.Allow) > 0 {
+		if l.deps.Network == nil {
+			return fmt.Errorf("sandbox %s asks for egress but this node has no network policy support: %w", spec.ID, errdefs.ErrFailedPrecondition)
+		}
+		if err := l.deps.Network.Attach(ctx, spec.ID, st.Pid, spec.Network); err != nil {
+			return fmt.Errorf("sandbox %s: network: %w", spec.ID, err)
+		}
+		sb.attached = true
+	}
+	sb.rec.State = StateRunning
+	return l.persist(sb)
+}
+
+// destroy runs with sb.mu held (or on a sandbox nobody else can see yet).
+func (l *Local) destroy(ctx context.Context, sb *sandbox) error {
+	id := sb.rec.ID
+	sb.rec.State = StateDeleted
+	_ = l.persist(sb)
+	for _, e := range sb.execs {
+		if e.exec != nil {
+			_ = e.exec.Signal(syscall.SIGKILL)
+		}
+	}
+	var errs []error
+	if sb.attached && l.deps.Network != nil {
+		if err := l.deps.Network.Detach(ctx, id); err != nil {
+			errs = append(errs, err)
+		}
+		sb.attached = false
+	}
+	if err := l.deps.Runtime.Destroy(ctx, id); err != nil {
+		errs = append(errs, err)
+	}
+	for _, r := range sb.releases {
+		r()
+	}
+	sb.releases = nil
+	if l.deps.Stats != nil {
+		l.deps.Stats.Forget(id)
+	}
+	if len(errs) == 0 {
+		_ = os.Remove(l.metaPath(id))
+		l.mu.Lock()
+		delete(l.sbs, id)
+		l.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}
+
+// GetSandbox implements Agent.
+func (l *Local) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	sb, err := l.get(id)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	l.checkAlive(sb)
+	rec := sb.rec
+	return &rec, nil
+}
+
+// checkAlive marks a sandbox whose init vanished as dead. sb.mu held.
+func (l *Local) checkAlive(sb *sandbox) {
+	if sb.rec.State != StateRunning && sb.rec.State != StatePaused {
+		return
+	}
+	if !l.deps.Runtime.Alive(sb.rec.ID) {
+		sb.rec.State = StateDead
+		sb.rec.Reason = "sandbox init exited"
+		_ = l.persist(sb)
+	}
+}
+
+// ListSandboxes implements Agent.
+func (l *Local) ListSandboxes(ctx context.Context) ([]Sandbox, error) {
+	l.mu.RLock()
+	sbs := make([]*sandbox, 0, len(l.sbs))
+	for _, sb := range l.sbs {
+		sbs = append(sbs, sb)
+	}
+	l.mu.RUnlock()
+	out := make([]Sandbox, 0, len(sbs))
+	for _, sb := range sbs {
+		sb.mu.Lock()
+		l.checkAlive(sb)
+		if sb.rec.State != StateDeleted {
+			out = append(out, sb.rec)
+		}
+		sb.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out, nil
+}
+
+// PauseSandbox implements Agent.
+func (l *Local) PauseSandbox(ctx context.Context, id string) error {
+	return l.transition(ctx, id, StateRunning, StatePaused, l.deps.Runtime.Pause)
+}
+
+// ResumeSandbox implements Agent.
+func (l *Local) ResumeSandbox(ctx context.Context, id string) error {
+	return l.transition(ctx, id, StatePaused, StateRunning, l.deps.Runtime.Resume)
+}
+
+func (l *Local) transition(ctx context.Context, id, from, to string, fn func(context.Context, string) error) error {
+	sb, err := l.get(id)
+	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	l.checkAlive(sb)
+	if sb.rec.State == to {
+		return nil
+	}
+	if sb.rec.State != from {
+		return fmt.Errorf("sandbox %s is %s, not %s: %w", id, sb.rec.State, from, errdefs.ErrFailedPrecondition)
+	}
+	if err := fn(ctx, id); err != nil {
+		return err
+	}
+	sb.rec.State = to
+	sb.rec.Runtime.Paused = to == StatePaused
+	sb.rec.LastActivity = time.Now()
+	return l.persist(sb)
+}
+
+// DeleteSandbox implements Agent.
+func (l *Local) DeleteSandbox(ctx context.Context, id string) error {
+	sb, err := l.get(id)
+	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.rec.State == StatePaused {
+		// A frozen cgroup cannot be emptied: thaw first; kill follows at once.
+		_ = l.deps.Runtime.Resume(ctx, id)
+	}
+	return l.destroy(ctx, sb)
+}
+
+// SetNetwork implements Agent.
+func (l *Local) SetNetwork(ctx context.Context, id string, p NetworkPolicy) error {
+	sb, err := l.get(id)
+	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.rec.State != StateRunning && sb.rec.State != StatePaused {
+		return fmt.Errorf("sandbox %s is %s: %w", id, sb.rec.State, errdefs.ErrFailedPrecondition)
+	}
+	if l.deps.Network == nil {
+		if len(p.Allow) == 0 {
+			sb.rec.Spec.Network = p
+			return l.persist(sb)
+		}
+		return fmt.Errorf("this node has no network policy support: %w", errdefs.ErrFailedPrecondition)
+	}
+	switch {
+	case sb.attached:
+		err = l.deps.Network.Update(ctx, id, p)
+	case len(p.Allow) > 0:
+		err = l.deps.Network.Attach(ctx, id, sb.rec.Runtime.Pid, p)
+		if err == nil {
+			sb.attached = true
+		}
+	}
+	if err != nil {
+		return err
+	}
+	sb.rec.Spec.Network = p
+	return l.persist(sb)
+}
+
+// Snapshot implements Agent: the sandbox is frozen while its upper dir is
+// read, so the layer is a consistent point in time.
+func (l *Local) Snapshot(ctx context.Context, id, imageRef string) (string, error) {
+	if l.deps.Committer == nil {
+		return "", fmt.Errorf("snapshot: %w", errdefs.ErrNotImplemented)
+	}
+	sb, err := l.get(id)
+	if err != nil {
+		return "", err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.rec.State != StateRunning && sb.rec.State != StatePaused {
+		return "", fmt.Errorf("sandbox %s is %s: %w", id, sb.rec.State, errdefs.ErrFailedPrecondition)
+	}
+	upper, err := l.deps.Runtime.UpperDir(id)
+	if err != nil {
+		return "", err
+	}
+	if sb.rec.State == StateRunning {
+		if err := l.deps.Runtime.Pause(ctx, id); err != nil {
+			return "", err
+		}
+		defer func() { _ = l.deps.Runtime.Resume(context.WithoutCancel(ctx), id) }()
+	}
+	return l.deps.Committer.CommitUpper(ctx, sb.rec.Spec.Image, upper, imageRef)
+}
+
+// forkImage snapshots the source into a hidden image version that the forks
+// share as a read-only layer: one commit, no per-fork copy.
+func (l *Local) forkImage(ctx context.Context, from string) (string, error) {
+	ref := "dsec-fork/" + from + ":" + fmt.Sprint(time.Now().UnixNano())
+	return l.Snapshot(ctx, from, ref)
+}
+
+// SandboxStats implements Agent.
+func (l *Local) SandboxStats(ctx context.Context, id string) (*SandboxStats, error) {
+	sb, err := l.get(id)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	spec, state := sb.rec.Spec, sb.rec.State
+	sb.mu.Unlock()
+	out := &SandboxStats{ID: id, State: state, CPURequested: spec.CPU}
+	if state != StateRunning && state != StatePaused {
+		return out, nil
+	}
+	cs, err := l.deps.Runtime.Stats(id)
+	if err != nil {
+		return nil, err
+	}
+	if l.deps.Stats != nil {
+		l.deps.Stats.Fill(id, cs, out)
+	} else {
+		FillMemory(cs, out)
+	}
+	if dir, err := l.deps.Runtime.UpperDir(id); err == nil {
+		out.DiskUsedBytes = DiskUsage(dir)
+	}
+	return out, nil
+}

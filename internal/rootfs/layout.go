@@ -1,0 +1,149 @@
+package rootfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/dsec-dev/dsec/internal/errdefs"
+)
+
+// Names inside a sandbox directory.
+const (
+	UpperName = "upper"
+	WorkName  = "work"
+	RootName  = "rootfs"    // overlay mount point (inside the sandbox only)
+	DiskImage = "disk.img"  // sparse ext4 image, when limited
+	DiskMount = "disk"      // its mount point (inside the sandbox only)
+)
+
+// Overlay is an overlayfs mount described as data.
+type Overlay struct {
+	Lower []string // top-most first
+	Upper string    // empty when the upper lives on Disk (created by the init)
+	Work  string
+}
+
+// Layout is a prepared sandbox directory.
+type Layout struct {
+	Dir     string
+	Root    string // where the overlay is to be mounted
+	Overlay Overlay
+	Disk    *Disk // nil: no disk limit
+}
+
+// Disk is a size-limited file system for upper and work.
+type Disk struct {
+	Image    string
+	Size     int64
+	MountDir string // mount point, inside the sandbox's mount namespace
+	FSType   string
+	Loop     *Loop // attached device; Close once the disk is mounted
+}
+
+// ValidateLower checks that every lower layer is an absolute path to a
+// directory.
+func ValidateLower(lower []string) error {
+	if len(lower) == 0 {
+		return fmt.Errorf("no lower layers: %w", errdefs.ErrInvalidArgument)
+	}
+	for _, l := range lower {
+		if !filepath.IsAbs(l) || strings.ContainsRune(l, 0) {
+			return fmt.Errorf("lower layer %q is not an absolute path: %w", l, errdefs.ErrInvalidArgument)
+		}
+		st, err := os.Stat(l)
+		if err != nil {
+			return fmt.Errorf("lower layer %q: %w", l, errors.Join(errdefs.ErrInvalidArgument, err))
+		}
+		if !st.IsDir() {
+			return fmt.Errorf("lower layer %q is not a directory: %w", l, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// Prepare creates dir (which must not exist) with a mount point and either
+// upper/work dirs or, if diskBytes > 0, a disk image from pool attached to a
+// loop device. On error nothing is left behind.
+func Prepare(ctx context.Context, dir string, lower []string, diskBytes int64, pool *DiskPool) (_ *Layout, err error) {
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("sandbox dir %q is not absolute: %w", dir, errdefs.ErrInvalidArgument)
+	}
+	if diskBytes < 0 {
+		return nil, fmt.Errorf("disk size %d is negative: %w", diskBytes, errdefs.ErrInvalidArgument)
+	}
+	if diskBytes > 0 && diskBytes < MinDiskBytes {
+		return nil, fmt.Errorf("disk size %d is below the minimum of %d: %w", diskBytes, MinDiskBytes, errdefs.ErrInvalidArgument)
+	}
+	if err := ValidateLower(lower); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("sandbox dir %s: %w", dir, errdefs.ErrAlreadyExists)
+		}
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	l := &Layout{Dir: dir, Root: filepath.Join(dir, RootName), Overlay: Overlay{Lower: lower}}
+	if err := os.Mkdir(l.Root, 0o755); err != nil {
+		return nil, err
+	}
+	if diskBytes == 0 {
+		l.Overlay.Upper = filepath.Join(dir, UpperName)
+		l.Overlay.Work = filepath.Join(dir, WorkName)
+		if err := os.Mkdir(l.Overlay.Upper, 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.Mkdir(l.Overlay.Work, 0o700); err != nil {
+			return nil, err
+		}
+		return l, nil
+	}
+	if pool == nil {
+		return nil, fmt.Errorf("disk limit requested but no disk pool configured: %w", errdefs.ErrFailedPrecondition)
+	}
+	d := &Disk{Image: filepath.Join(dir, DiskImage), Size: diskBytes, MountDir: filepath.Join(dir, DiskMount), FSType: "ext4"}
+	if err := os.Mkdir(d.MountDir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := pool.Take(ctx, diskBytes, d.Image); err != nil {
+		return nil, err
+	}
+	if d.Loop, err = AttachLoop(d.Image); err != nil {
+		return nil, err
+	}
+	l.Disk = d
+	return l, nil
+}
+
+// Release drops the layout's hold on its loop device. The device then goes
+// away (autoclear) when the last mount of it does.
+func (l *Layout) Release() error {
+	if l.Disk == nil || l.Disk.Loop == nil {
+		return nil
+	}
+	err := l.Disk.Loop.Close()
+	l.Disk.Loop = nil
+	return err
+}
+
+// Remove deletes a sandbox directory. Mounts inside it exist only in the
+// sandbox's mount namespace, so once its processes are gone this is a plain
+// recursive delete. A missing dir is not an error.
+func Remove(dir string) error {
+	if dir == "" || !filepath.IsAbs(dir) {
+		return fmt.Errorf("refusing to remove %q: %w", dir, errdefs.ErrInvalidArgument)
+	}
+	return os.RemoveAll(dir)
+}

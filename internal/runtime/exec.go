@@ -1,0 +1,388 @@
+package runtime
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-dev/dsec/internal/errdefs"
+	"github.com/dsec-dev/dsec/internal/runtime/shim"
+)
+
+// Files of one exec under <Spec.Dir>/execs/<execID>/.
+const (
+	execsDir       = "execs"
+	resultFile     = "result.json"
+	pendingFile    = "result.json.tmp" // "running <shim pid> <start time>" while it runs
+	StdoutLog      = "stdout"
+	StderrLog      = "stderr"
+	olderHalfSufix = ".1"
+)
+
+var execIDRE = regexp.MustCompile(`^[0-9a-f]{16}$`)
+
+func newExecID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func validateProcess(p *Process) error {
+	if len(p.Args) == 0 || p.Args[0] == "" {
+		return fmt.Errorf("no command: %w", errdefs.ErrInvalidArgument)
+	}
+	for _, s := range append(append(append([]string{}, p.Args...), p.Env...), p.Cwd, p.User) {
+		if strings.ContainsRune(s, 0) {
+			return fmt.Errorf("argument, env, cwd or user contains a NUL byte: %w", errdefs.ErrInvalidArgument)
+		}
+	}
+	for _, e := range p.Env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			return fmt.Errorf("env entry %q is not KEY=VALUE: %w", e, errdefs.ErrInvalidArgument)
+		}
+	}
+	if p.Cwd != "" && !strings.HasPrefix(p.Cwd, "/") {
+		return fmt.Errorf("cwd %q is not absolute: %w", p.Cwd, errdefs.ErrInvalidArgument)
+	}
+	if p.Timeout < 0 || p.OutputCap < 0 {
+		return fmt.Errorf("negative timeout or output cap: %w", errdefs.ErrInvalidArgument)
+	}
+	if p.Tty {
+		return fmt.Errorf("tty execs: %w", errdefs.ErrNotImplemented)
+	}
+	return nil
+}
+
+// mergeEnv overlays over on base (later wins) and makes sure PATH is set.
+func mergeEnv(base, over []string) []string {
+	idx := map[string]int{}
+	out := make([]string, 0, len(base)+len(over)+1)
+	for _, e := range append(append([]string{}, base...), over...) {
+		k, _, _ := strings.Cut(e, "=")
+		if i, ok := idx[k]; ok {
+			out[i] = e
+			continue
+		}
+		idx[k] = len(out)
+		out = append(out, e)
+	}
+	if _, ok := idx["PATH"]; !ok {
+		out = append(out, DefaultPath)
+	}
+	return out
+}
+
+type nsExec struct {
+	id      string
+	dir     string
+	pid     int // host pid of the process (its process group id too)
+	shim    *proc
+	stdin   *os.File
+	copies  sync.WaitGroup
+	done    chan struct{}
+	res     *ExecResult
+	err     error
+	started time.Time
+}
+
+var _ Exec = (*nsExec)(nil)
+
+func (e *nsExec) ID() string { return e.id }
+func (e *nsExec) Pid() int   { return e.pid }
+
+// Signal sends sig to the process's process group (it leads its own).
+func (e *nsExec) Signal(sig syscall.Signal) error {
+	select {
+	case <-e.done:
+		return fmt.Errorf("exec %s has ended: %w", e.id, errdefs.ErrFailedPrecondition)
+	default:
+	}
+	if err := unix.Kill(-e.pid, sig); err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("exec %s has ended: %w", e.id, errdefs.ErrFailedPrecondition)
+		}
+		return err
+	}
+	return nil
+}
+
+func (e *nsExec) Wait(ctx context.Context) (*ExecResult, error) {
+	select {
+	case <-e.done:
+		return e.res, e.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Start starts p inside sandbox id through an exec shim.
+func (r *NamespaceRuntime) Start(ctx context.Context, id string, p Process, pio IO) (_ Exec, err error) {
+	if err := validateProcess(&p); err != nil {
+		return nil, err
+	}
+	sb, err := r.get(id)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	paused, gone := sb.paused, sb.gone
+	sb.mu.Unlock()
+	if gone {
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if paused {
+		return nil, fmt.Errorf("sandbox %s is paused: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	e := &nsExec{id: newExecID(), done: make(chan struct{})}
+	e.dir = filepath.Join(sb.dir, execsDir, e.id)
+	if err := os.MkdirAll(e.dir, 0o700); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(e.dir)
+		}
+	}()
+	outCap := p.OutputCap
+	if outCap == 0 {
+		outCap = r.outputCap
+	}
+	var c shim.Config
+	c.Add(shim.TExecID, e.id)
+	c.Add(shim.TExecDir, e.dir)
+	for _, a := range p.Args {
+		c.Add(shim.TArg, a)
+	}
+	for _, v := range mergeEnv(sb.env, p.Env) {
+		c.Add(shim.TEnv, v)
+	}
+	c.Add(shim.TCwd, p.Cwd)
+	c.Add(shim.TUser, p.User)
+	if p.Timeout > 0 {
+		c.AddInt(shim.TTimeoutMS, max(1, p.Timeout.Milliseconds()))
+	}
+	c.AddInt(shim.TOutCap, outCap)
+	for _, path := range sb.group.Paths() {
+		c.Add(shim.TCgroup, path)
+	}
+	c.Add(shim.TCaps, strconv.FormatUint(r.caps, 10))
+	if len(sb.filter) > 0 {
+		c.AddBytes(shim.TSeccomp, sb.filter)
+	}
+
+	// stdio of the shim: pipes we read (or /dev/null when nobody listens).
+	null := int(r.null.Fd())
+	stdio := []int{null, null, null}
+	var closeAfter []int
+	defer func() {
+		for _, fd := range closeAfter {
+			unix.Close(fd)
+		}
+	}()
+	var outs []*os.File
+	for i, w := range []io.Writer{pio.Stdout, pio.Stderr} {
+		if w == nil {
+			continue
+		}
+		rd, wr, err := pipe()
+		if err != nil {
+			return nil, err
+		}
+		_ = unix.SetNonblock(rd, true)
+		f := os.NewFile(uintptr(rd), "exec-out")
+		outs = append(outs, f)
+		defer func(f *os.File, w io.Writer) {
+			if err != nil {
+				f.Close()
+				return
+			}
+			e.copies.Add(1)
+			go func() {
+				defer e.copies.Done()
+				defer f.Close()
+				// Keep draining even if the caller's writer fails, so the
+				// shim never blocks on a full pipe.
+				_, cerr := io.Copy(w, f)
+				if cerr != nil {
+					_, _ = io.Copy(io.Discard, f)
+				}
+			}()
+		}(f, w)
+		stdio[1+i] = wr
+		closeAfter = append(closeAfter, wr)
+	}
+	if pio.Stdin != nil {
+		rd, wr, err := pipe()
+		if err != nil {
+			return nil, err
+		}
+		_ = unix.SetNonblock(wr, true)
+		e.stdin = os.NewFile(uintptr(wr), "exec-stdin")
+		stdio[0] = rd
+		closeAfter = append(closeAfter, rd)
+	}
+
+	var st *started
+	var status *os.File
+	cerr := sb.init.control(func(pidfd int) {
+		st, status, err = r.startShim(shim.ModeExec, []string{"exec"}, c.Bytes(), 0, stdio, pidfd)
+	})
+	if cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		if e.stdin != nil {
+			e.stdin.Close()
+		}
+		return nil, err
+	}
+	for _, fd := range closeAfter {
+		unix.Close(fd)
+	}
+	closeAfter = nil
+	e.shim = st.proc
+	e.started = time.Now()
+	v, err := readStatus(ctx, status)
+	if err != nil {
+		_ = st.proc.signal(unix.SIGKILL)
+		_ = st.proc.wait(context.Background())
+		st.proc.reap()
+		_ = st.proc.close()
+		if e.stdin != nil {
+			e.stdin.Close()
+		}
+		return nil, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	if e.pid, err = strconv.Atoi(v); err != nil {
+		return nil, fmt.Errorf("exec shim status %q: %w", v, err)
+	}
+	if e.stdin != nil {
+		go func() {
+			_, _ = io.Copy(e.stdin, pio.Stdin)
+			e.stdin.Close()
+		}()
+	}
+	go e.finish()
+	return e, nil
+}
+
+// finish waits for the shim, then for its output, then reads the result.
+func (e *nsExec) finish() {
+	defer close(e.done)
+	_ = e.shim.wait(context.Background())
+	ws, _ := e.shim.reap()
+	_ = e.shim.close()
+	e.copies.Wait()
+	if e.stdin != nil {
+		e.stdin.Close() // unblocks a stdin copy still writing
+	}
+	res, done, err := readResult(e.dir, e.id)
+	switch {
+	case err != nil:
+		e.err = err
+	case !done:
+		e.err = fmt.Errorf("exec %s ended without a result (shim %v; sandbox destroyed?): %w", e.id, ws, errdefs.ErrUnavailable)
+	default:
+		e.res = res
+	}
+}
+
+func readResult(dir, execID string) (*ExecResult, bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, resultFile))
+	if errors.Is(err, os.ErrNotExist) {
+		if _, serr := os.Stat(dir); serr != nil {
+			return nil, false, fmt.Errorf("exec %s: %w", execID, errdefs.ErrNotFound)
+		}
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	var res ExecResult
+	if err := json.Unmarshal(b, &res); err != nil {
+		return nil, false, fmt.Errorf("exec %s result: %w", execID, err)
+	}
+	return &res, true, nil
+}
+
+func (r *NamespaceRuntime) execDir(id, execID string) (string, error) {
+	if !execIDRE.MatchString(execID) {
+		return "", fmt.Errorf("exec id %q is malformed: %w", execID, errdefs.ErrInvalidArgument)
+	}
+	sb, err := r.get(id)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(sb.dir, execsDir, execID), nil
+}
+
+// ExecResult reads the recorded result of an exec, also of one that ended
+// while no server ran. An exec whose shim died without recording a result
+// (its sandbox was destroyed, or it was killed) is an ErrUnavailable error.
+func (r *NamespaceRuntime) ExecResult(id, execID string) (*ExecResult, bool, error) {
+	dir, err := r.execDir(id, execID)
+	if err != nil {
+		return nil, false, err
+	}
+	res, done, err := readResult(dir, execID)
+	if err != nil || done {
+		return res, done, err
+	}
+	// Running, unless its shim is gone.
+	b, err := os.ReadFile(filepath.Join(dir, pendingFile))
+	if err != nil {
+		return nil, false, nil // still starting, or just renamed
+	}
+	var pid int
+	var start uint64
+	if _, err := fmt.Sscanf(string(b), "running %d %d", &pid, &start); err == nil {
+		if got, err := procStartTime(pid); err != nil || got != start {
+			// It may have written the result just before exiting.
+			if res, done, err := readResult(dir, execID); err != nil || done {
+				return res, done, err
+			}
+			return nil, false, fmt.Errorf("exec %s ended without a result: %w", execID, errdefs.ErrUnavailable)
+		}
+	}
+	return nil, false, nil
+}
+
+// ExecOutput returns the kept output of stream ("stdout" or "stderr") of an
+// exec: the tail of at most its output cap.
+func (r *NamespaceRuntime) ExecOutput(id, execID, stream string) ([]byte, error) {
+	if stream != StdoutLog && stream != StderrLog {
+		return nil, fmt.Errorf("stream %q: want stdout or stderr: %w", stream, errdefs.ErrInvalidArgument)
+	}
+	dir, err := r.execDir(id, execID)
+	if err != nil {
+		return nil, err
+	}
+	older, err := os.ReadFile(filepath.Join(dir, stream+olderHalfSufix))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	cur, err := os.ReadFile(filepath.Join(dir, stream))
+	if errors.Is(err, os.ErrNotExist) {
+		// Log files are created on first output.
+		if _, serr := os.Stat(dir); serr != nil {
+			return nil, fmt.Errorf("exec %s: %w", execID, errdefs.ErrNotFound)
+		}
+	} else if err != nil {
+		return nil, err
+	}
+	return append(older, cur...), nil
+}

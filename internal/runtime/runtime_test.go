@@ -1,0 +1,411 @@
+package runtime_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-dev/dsec/internal/errdefs"
+	"github.com/dsec-dev/dsec/internal/runtime"
+)
+
+// assertGone checks that nothing of a destroyed sandbox is left: no
+// process, no cgroup, no directory, no mount.
+func (e *env) assertGone(st *runtime.State, paths map[string]string) {
+	e.t.Helper()
+	if err := unix.Kill(st.Pid, 0); !errors.Is(err, unix.ESRCH) {
+		e.t.Errorf("init pid %d still exists (kill 0: %v)", st.Pid, err)
+	}
+	for c, p := range paths {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			e.t.Errorf("cgroup %s dir %s still exists", c, p)
+		}
+	}
+	if _, err := os.Stat(st.Dir); !os.IsNotExist(err) {
+		e.t.Errorf("sandbox dir %s still exists", st.Dir)
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if strings.Contains(string(mi), st.Dir) {
+		e.t.Errorf("host mountinfo mentions %s", st.Dir)
+	}
+}
+
+func (e *env) groupPaths(st *runtime.State) map[string]string {
+	e.t.Helper()
+	g, err := e.cg.Load(context.Background(), st.Cgroup)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return g.Paths()
+}
+
+func TestCreateExecDestroy(t *testing.T) {
+	e := newEnv(t)
+	st := e.create("ced1")
+	if !e.rt.Alive("ced1") {
+		t.Fatal("not alive after create")
+	}
+	if got := e.mustSh("ced1", "echo hello"); got != "hello\n" {
+		t.Fatalf("stdout %q", got)
+	}
+	paths := e.groupPaths(st)
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), st.Dir) {
+		t.Fatalf("sandbox mounts leaked into the host mount table")
+	}
+	if err := e.rt.Destroy(context.Background(), "ced1"); err != nil {
+		t.Fatal(err)
+	}
+	e.assertGone(st, paths)
+	if e.rt.Alive("ced1") {
+		t.Fatal("alive after destroy")
+	}
+	// Destroying again, or a sandbox that never existed, is fine.
+	if err := e.rt.Destroy(context.Background(), "ced1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.rt.Start(context.Background(), "ced1", runtime.Process{Args: []string{"true"}}, runtime.IO{}); !errdefs.IsNotFound(err) {
+		t.Fatalf("exec after destroy: %v, want not found", err)
+	}
+}
+
+func TestExec(t *testing.T) {
+	e := newEnv(t)
+	e.create("ex1")
+	tests := []struct {
+		name   string
+		p      runtime.Process
+		stdin  string
+		code   int
+		signal string
+		stdout string
+		stderr string
+	}{
+		{name: "exit code", p: runtime.Process{Args: []string{"sh", "-c", "exit 7"}}, code: 7},
+		{name: "stderr", p: runtime.Process{Args: []string{"sh", "-c", "echo oops >&2"}}, stderr: "oops\n"},
+		{name: "default env", p: runtime.Process{Args: []string{"sh", "-c", "echo $DSEC_TEST_DEFAULT"}}, stdout: "1\n"},
+		{name: "env overrides", p: runtime.Process{Args: []string{"sh", "-c", "echo $DSEC_TEST_DEFAULT $FOO"}, Env: []string{"DSEC_TEST_DEFAULT=2", "FOO=bar baz"}}, stdout: "2 bar baz\n"},
+		{name: "path lookup", p: runtime.Process{Args: []string{"echo", "a", "b"}}, stdout: "a b\n"},
+		{name: "cwd", p: runtime.Process{Args: []string{"pwd"}, Cwd: "/etc"}, stdout: "/etc\n"},
+		{name: "root by default", p: runtime.Process{Args: []string{"id"}}, stdout: "uid=0(root) gid=0(root) groups=0(root)\n"},
+		{name: "user by name", p: runtime.Process{Args: []string{"id"}, User: "alice"}, stdout: "uid=1000(alice) gid=1000(alice) groups=50(staff),1000(alice)\n"},
+		{name: "user by uid:gid", p: runtime.Process{Args: []string{"id"}, User: "1000:50"}, stdout: "uid=1000(alice) gid=50(staff) groups=50(staff)\n"},
+		{name: "home of user", p: runtime.Process{Args: []string{"sh", "-c", "echo $HOME"}, User: "alice"}, stdout: "/home/alice\n"},
+		{name: "stdin", p: runtime.Process{Args: []string{"sh", "-c", "tr a-z A-Z"}}, stdin: "hello\nworld\n", stdout: "HELLO\nWORLD\n"},
+		{name: "killed by signal", p: runtime.Process{Args: []string{"sh", "-c", "kill -9 $$"}}, code: 128 + 9, signal: "SIGKILL"},
+		{name: "no new privileges", p: runtime.Process{Args: []string{"sh", "-c", "grep NoNewPrivs /proc/self/status"}}, stdout: "NoNewPrivs:\t1\n"},
+		{name: "bounding set", p: runtime.Process{Args: []string{"sh", "-c", "grep CapBnd /proc/self/status"}}, stdout: fmt.Sprintf("CapBnd:\t%016x\n", runtime.DefaultCaps)},
+		{name: "non-root has no caps", p: runtime.Process{Args: []string{"sh", "-c", "grep CapEff /proc/self/status"}, User: "alice"}, stdout: "CapEff:\t0000000000000000\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := e.run("ex1", tc.p, tc.stdin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.ExitCode != tc.code || r.Signal != tc.signal || r.stdout != tc.stdout || r.stderr != tc.stderr {
+				t.Fatalf("got exit %d signal %q stdout %q stderr %q; want %d %q %q %q",
+					r.ExitCode, r.Signal, r.stdout, r.stderr, tc.code, tc.signal, tc.stdout, tc.stderr)
+			}
+			if r.TimedOut || r.StdoutTruncated || r.StderrTruncated || r.OutputCap != runtime.DefaultOutputCap {
+				t.Fatalf("unexpected flags %+v", r.ExecResult)
+			}
+			// What was streamed is also kept on disk.
+			out, err := e.rt.ExecOutput("ex1", r.ExecID, "stdout")
+			if err != nil || string(out) != tc.stdout {
+				t.Fatalf("kept stdout %q, %v", out, err)
+			}
+			res, done, err := e.rt.ExecResult("ex1", r.ExecID)
+			if err != nil || !done || res.ExitCode != tc.code {
+				t.Fatalf("ExecResult: %+v %v %v", res, done, err)
+			}
+		})
+	}
+}
+
+func TestExecErrors(t *testing.T) {
+	e := newEnv(t)
+	e.create("exerr")
+	ctx := context.Background()
+	tests := []struct {
+		name  string
+		id    string
+		p     runtime.Process
+		class error
+	}{
+		{"no args", "exerr", runtime.Process{}, errdefs.ErrInvalidArgument},
+		{"empty command", "exerr", runtime.Process{Args: []string{""}}, errdefs.ErrInvalidArgument},
+		{"NUL in arg", "exerr", runtime.Process{Args: []string{"echo", "a\x00b"}}, errdefs.ErrInvalidArgument},
+		{"env without =", "exerr", runtime.Process{Args: []string{"true"}, Env: []string{"FOO"}}, errdefs.ErrInvalidArgument},
+		{"relative cwd", "exerr", runtime.Process{Args: []string{"true"}, Cwd: "etc"}, errdefs.ErrInvalidArgument},
+		{"negative timeout", "exerr", runtime.Process{Args: []string{"true"}, Timeout: -1}, errdefs.ErrInvalidArgument},
+		{"tty", "exerr", runtime.Process{Args: []string{"true"}, Tty: true}, errdefs.ErrNotImplemented},
+		{"missing command", "exerr", runtime.Process{Args: []string{"no-such-command"}}, errdefs.ErrInvalidArgument},
+		{"missing cwd", "exerr", runtime.Process{Args: []string{"true"}, Cwd: "/nope"}, errdefs.ErrInvalidArgument},
+		{"unknown user", "exerr", runtime.Process{Args: []string{"true"}, User: "mallory"}, errdefs.ErrInvalidArgument},
+		{"unknown group", "exerr", runtime.Process{Args: []string{"true"}, User: "alice:nogrp"}, errdefs.ErrInvalidArgument},
+		{"unknown sandbox", "nope", runtime.Process{Args: []string{"true"}}, errdefs.ErrNotFound},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := e.rt.Start(ctx, tc.id, tc.p, runtime.IO{})
+			if !errors.Is(err, tc.class) {
+				t.Fatalf("got %v, want %v", err, tc.class)
+			}
+		})
+	}
+	// Failed starts leave no exec records behind and the sandbox works.
+	ents, _ := os.ReadDir(filepath.Join(e.base, "exerr", "execs"))
+	if len(ents) != 0 {
+		t.Fatalf("%d exec dirs left by failed starts", len(ents))
+	}
+	e.mustSh("exerr", "true")
+	if _, _, err := e.rt.ExecResult("exerr", "../../etc"); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("malformed exec id: %v", err)
+	}
+	if _, _, err := e.rt.ExecResult("exerr", "0123456789abcdef"); !errdefs.IsNotFound(err) {
+		t.Fatalf("unknown exec id: %v", err)
+	}
+	if _, err := e.rt.ExecOutput("exerr", "0123456789abcdef", "stdin"); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("bad stream: %v", err)
+	}
+}
+
+func TestExecTimeoutKillsTree(t *testing.T) {
+	e := newEnv(t)
+	e.create("tmo")
+	t0 := time.Now()
+	r, err := e.run("tmo", runtime.Process{Args: []string{"sh", "-c", "sleep 100 & sleep 100 & echo started; wait"}, Timeout: 300 * time.Millisecond}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.TimedOut || r.Signal != "SIGKILL" || r.stdout != "started\n" {
+		t.Fatalf("result %+v stdout %q", r.ExecResult, r.stdout)
+	}
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Fatalf("timeout took %v", d)
+	}
+	// The background sleeps were in the process group and died too.
+	if out := e.mustSh("tmo", "ps -o comm | grep -c sleep || true"); out != "0\n" {
+		t.Fatalf("sleep processes left: %q", out)
+	}
+}
+
+// TestExecBackgroundChildHoldsPipes: a background process that keeps the
+// output pipes open must not keep the exec from finishing.
+func TestExecBackgroundChildHoldsPipes(t *testing.T) {
+	e := newEnv(t)
+	e.create("bgpipe")
+	t0 := time.Now()
+	r := e.sh("bgpipe", "sleep 30 & echo main done")
+	if r.ExitCode != 0 || r.stdout != "main done\n" {
+		t.Fatalf("%+v %q", r.ExecResult, r.stdout)
+	}
+	if d := time.Since(t0); d > 3*time.Second {
+		t.Fatalf("exec waited %v for a background child", d)
+	}
+}
+
+func TestSignal(t *testing.T) {
+	e := newEnv(t)
+	e.create("sig")
+	var out bytes.Buffer
+	ex, err := e.rt.Start(context.Background(), "sig", runtime.Process{Args: []string{"sh", "-c", "trap 'echo got TERM; exit 3' TERM; echo ready; while true; do sleep 0.05; done"}}, runtime.IO{Stdout: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ex.Pid() <= 0 || ex.ID() == "" {
+		t.Fatalf("pid %d id %q", ex.Pid(), ex.ID())
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := ex.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := ex.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 3 || !strings.Contains(out.String(), "got TERM") {
+		t.Fatalf("%+v %q", res, out.String())
+	}
+	if err := ex.Signal(syscall.SIGTERM); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("signal after exit: %v", err)
+	}
+}
+
+func TestOutputFloodIsCapped(t *testing.T) {
+	e := newEnv(t)
+	e.create("flood")
+	const capBytes = 1 << 20
+	var streamed countWriter
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := runtime.Run(ctx, e.rt, "flood", runtime.Process{Args: []string{"yes"}, Timeout: time.Second, OutputCap: capBytes}, runtime.IO{Stdout: &streamed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.TimedOut || !res.StdoutTruncated || res.StderrTruncated || res.OutputCap != capBytes {
+		t.Fatalf("result %+v", res)
+	}
+	kept, err := e.rt.ExecOutput("flood", res.ExecID, "stdout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kept) < capBytes/2 || len(kept) > capBytes {
+		t.Fatalf("kept %d bytes, want between cap/2 and cap (%d)", len(kept), capBytes)
+	}
+	if strings.Trim(string(kept), "y\n") != "" {
+		t.Fatalf("kept output is not yes output")
+	}
+	if streamed.n < int64(len(kept)) {
+		t.Fatalf("streamed %d bytes, less than kept %d", streamed.n, len(kept))
+	}
+	e.mustSh("flood", "true")
+}
+
+type countWriter struct{ n int64 }
+
+func (w *countWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); return len(p), nil }
+
+func TestWritesStayInUpper(t *testing.T) {
+	e := newEnv(t)
+	st := e.create("upper1")
+	before, err := os.ReadFile(filepath.Join(lowerDir, "bin/busybox"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.mustSh("upper1", "cp /bin/busybox /bb && rm /bin/sh && echo '#!/bb sh' > /bin/sh && echo new > /etc/newfile && rm /etc/hostname")
+	after, _ := os.ReadFile(filepath.Join(lowerDir, "bin/busybox"))
+	if !bytes.Equal(before, after) {
+		t.Fatal("lower busybox changed")
+	}
+	if l, err := os.Readlink(filepath.Join(lowerDir, "bin/sh")); err != nil || l != "busybox" {
+		t.Fatalf("lower /bin/sh changed: %q %v", l, err)
+	}
+	for _, p := range []string{"etc/newfile", "etc/hostname"} {
+		_, err := os.Stat(filepath.Join(lowerDir, p))
+		if (p == "etc/newfile") != os.IsNotExist(err) {
+			t.Fatalf("lower %s: %v", p, err)
+		}
+	}
+	upper, err := e.rt.UpperDir("upper1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(upper, "bin/sh")); err != nil || string(b) != "#!/bb sh\n" {
+		t.Fatalf("upper /bin/sh: %q %v", b, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(upper, "etc/newfile")); err != nil || string(b) != "new\n" {
+		t.Fatalf("upper newfile: %q %v", b, err)
+	}
+	// The file API path sees the sandbox's view.
+	root, _ := e.rt.RootFS("upper1")
+	if root != fmt.Sprintf("/proc/%d/root", st.Pid) {
+		t.Fatalf("rootfs %q", root)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "etc/newfile")); err != nil || string(b) != "new\n" {
+		t.Fatalf("rootfs newfile: %q %v", b, err)
+	}
+	// A second sandbox on the same lower is unaffected.
+	e.create("upper2")
+	if out := e.mustSh("upper2", "cat /etc/hostname; test -e /etc/newfile || echo clean"); out != "rootfs\nclean\n" {
+		t.Fatalf("second sandbox sees %q", out)
+	}
+}
+
+func TestIsolation(t *testing.T) {
+	e := newEnv(t)
+	e.create("iso1")
+	checks := []struct{ name, script, want string }{
+		{"hostname is id", "hostname", "iso1\n"},
+		{"pid 1 is the init", "cat /proc/1/cmdline | tr '\\0' ' '; echo", "init \n"},
+		{"only own processes", "ps -o comm | sort -u | tr '\\n' ' '", "COMMAND init ps sh sort tr "},
+		{"init environ empty", "cat /proc/1/environ 2>/dev/null | wc -c", "0\n"},
+		{"init exe hidden", "readlink /proc/1/exe || echo denied", "denied\n"},
+		{"timer_list masked", "wc -c < /proc/timer_list", "0\n"},
+		{"kpageflags masked", "wc -c < /proc/kpageflags", "0\n"},
+		{"keys masked", "cat /proc/keys | wc -c", "0\n"},
+		{"sysrq-trigger read-only", "echo h > /proc/sysrq-trigger 2>/dev/null || echo denied", "denied\n"},
+		{"proc/sys read-only", "echo x > /proc/sys/kernel/hostname 2>/dev/null || echo denied", "denied\n"},
+		{"sys read-only", "touch /sys/x 2>/dev/null || echo denied", "denied\n"},
+		{"tmp writable", "echo hi > /tmp/f && cat /tmp/f", "hi\n"},
+		{"dev null", "echo x > /dev/null && head -c 4 /dev/zero | wc -c", "4\n"},
+		{"shm writable", "echo hi > /dev/shm/f && cat /dev/shm/f", "hi\n"},
+		{"ptmx", "test -c /dev/pts/ptmx && echo ok", "ok\n"},
+		{"loopback only, up", "ip -o link | awk '{print $2, $3}'", "lo: <LOOPBACK,UP,LOWER_UP>\n"},
+		{"no dsec mounts", "grep -c -e dsec -e " + e.base + " /proc/self/mountinfo || true", "0\n"},
+		{"no dsec env", "env | grep -c DSEC_SHIM || true", "0\n"},
+		{"cannot mount", "mount -t tmpfs x /mnt 2>/dev/null || echo denied", "denied\n"},
+		{"cgroup namespace", "cat /proc/self/cgroup | grep -c dsectest || true", "0\n"},
+	}
+	for _, c := range checks {
+		t.Run(c.name, func(t *testing.T) {
+			if got := e.sh("iso1", c.script).stdout; got != c.want {
+				t.Fatalf("%s: got %q want %q", c.script, got, c.want)
+			}
+		})
+	}
+}
+
+func TestPauseResume(t *testing.T) {
+	e := newEnv(t)
+	st := e.create("pause1")
+	ctx := context.Background()
+	ex, err := e.rt.Start(ctx, "pause1", runtime.Process{Args: []string{"sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/c; sleep 0.02; done"}}, runtime.IO{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counter := func() int {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/root/tmp/c", st.Pid))
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := e.rt.Pause(ctx, "pause1"); err != nil {
+		t.Fatal(err)
+	}
+	c1 := counter()
+	time.Sleep(300 * time.Millisecond)
+	if c2 := counter(); c2 != c1 || c1 == 0 {
+		t.Fatalf("counter moved while paused: %d -> %d", c1, c2)
+	}
+	if _, err := e.rt.Start(ctx, "pause1", runtime.Process{Args: []string{"true"}}, runtime.IO{}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("exec while paused: %v", err)
+	}
+	if err := e.rt.Resume(ctx, "pause1"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if c3 := counter(); c3 <= c1 {
+		t.Fatalf("counter did not resume: %d -> %d", c1, c3)
+	}
+	_ = ex.Signal(syscall.SIGKILL)
+	res, err := ex.Wait(ctx)
+	if err != nil || res.Signal != "SIGKILL" {
+		t.Fatalf("%+v %v", res, err)
+	}
+	// Destroying a paused sandbox works too.
+	if err := e.rt.Pause(ctx, "pause1"); err != nil {
+		t.Fatal(err)
+	}
+	paths := e.groupPaths(st)
+	if err := e.rt.Destroy(ctx, "pause1"); err != nil {
+		t.Fatal(err)
+	}
+	e.assertGone(st, paths)
+}

@@ -1,0 +1,69 @@
+// Shared declarations of the dsec shim (see doc.go). The shim runs in a
+// constructor before the Go runtime starts, so it must only use libc.
+#ifndef DSEC_SHIM_H
+#define DSEC_SHIM_H
+
+#define _GNU_SOURCE
+#include <stddef.h>
+#include <stdint.h>
+
+// Config record tags; keep in sync with shim.go.
+enum {
+	T_HOSTNAME = 1,
+	T_LOWER = 2,
+	T_UPPER = 3,
+	T_WORK = 4,
+	T_ROOT = 5,
+	T_DISKDEV = 6,
+	T_DISKDIR = 7,
+	T_NETNS = 8,
+	T_TMPSIZE = 9,
+	T_SHMSIZE = 10,
+	T_SECCOMP = 11,
+	T_CAPS = 12,
+	T_EXECID = 13,
+	T_EXECDIR = 14,
+	T_ARG = 15,
+	T_ENV = 16,
+	T_CWD = 17,
+	T_USER = 18,
+	T_TIMEOUTMS = 19,
+	T_OUTCAP = 20,
+	T_CGROUP = 21,
+	T_DISKFSTYPE = 22,
+};
+
+// Fixed descriptors handed over by the Go side.
+enum {
+	FD_CONFIG = 3,
+	FD_STATUS = 4,
+	FD_AUX = 5, // init: sync pipe (read); exec: pidfd of the sandbox init
+};
+
+struct rec {
+	int tag;
+	uint32_t len;
+	char *val; // NUL-terminated by the encoder
+};
+
+struct cfg {
+	struct rec *r;
+	int n;
+};
+
+int cfg_read(int fd, struct cfg *c);
+const char *cfg_get(const struct cfg *c, int tag);
+const struct rec *cfg_rec(const struct cfg *c, int tag);
+int cfg_all(const struct cfg *c, int tag, char ***out);
+long long cfg_int(const struct cfg *c, int tag, long long def);
+
+int write_all(int fd, const void *buf, size_t n);
+void report(int fd, const char *kind, int err, const char *fmt, ...);
+int apply_caps(uint64_t keep, int set_sets);
+int apply_seccomp(const struct rec *filter);
+int write_file(const char *path, const char *val);
+
+int shim_init(void);
+int shim_exec(void);
+
+#endif

@@ -1,0 +1,221 @@
+// Package bolt is the single-node store.Store backend on bbolt: one file
+// under the data dir, one bbolt bucket per store bucket. bbolt allows one
+// writer at a time, which is exactly the serialisability store.Update
+// promises.
+package bolt
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/dsec-dev/dsec/internal/errdefs"
+	"github.com/dsec-dev/dsec/internal/store"
+)
+
+// DefaultFile is the database file name inside the data dir.
+const DefaultFile = "state.db"
+
+var _ store.Store = (*Store)(nil)
+
+// Store is a bbolt-backed store.Store.
+type Store struct {
+	db *bbolt.DB
+}
+
+type config struct {
+	lockTimeout time.Duration
+	noSync      bool
+}
+
+// Opt configures Open.
+type Opt func(*config)
+
+// WithLockTimeout bounds how long Open waits for another process holding
+// the database file lock (default 2s); a second server on the same data
+// dir then fails instead of hanging.
+func WithLockTimeout(d time.Duration) Opt { return func(c *config) { c.lockTimeout = d } }
+
+// WithNoSync skips fsync on commit: for tests only, a crash may lose the
+// last commits.
+func WithNoSync() Opt { return func(c *config) { c.noSync = true } }
+
+// Open opens (creating if needed) the database at path.
+func Open(path string, opts ...Opt) (*Store, error) {
+	cfg := config{lockTimeout: 2 * time.Second}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("store: create dir for %s: %w", path, err)
+	}
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: cfg.lockTimeout, NoSync: cfg.noSync})
+	if err != nil {
+		if errors.Is(err, bbolt.ErrTimeout) {
+			return nil, fmt.Errorf("store: %s is locked by another process: %w", path, errdefs.ErrUnavailable)
+		}
+		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Get implements store.Reader.
+func (s *Store) Get(ctx context.Context, bucket, key string, v any) error {
+	if err := precheck(ctx, bucket, key); err != nil {
+		return err
+	}
+	return s.db.View(func(tx *bbolt.Tx) error { return get(tx, bucket, key, v) })
+}
+
+// List implements store.Reader.
+func (s *Store) List(ctx context.Context, bucket, prefix string, fn func(string, []byte) error) error {
+	if err := precheck(ctx, bucket, "-"); err != nil {
+		return err
+	}
+	return s.db.View(func(tx *bbolt.Tx) error { return list(ctx, tx, bucket, prefix, fn) })
+}
+
+// Put implements store.Writer.
+func (s *Store) Put(ctx context.Context, bucket, key string, v any) error {
+	if err := precheck(ctx, bucket, key); err != nil {
+		return err
+	}
+	b, err := store.Encode(v)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bbolt.Tx) error { return put(tx, bucket, key, b) })
+}
+
+// Delete implements store.Writer.
+func (s *Store) Delete(ctx context.Context, bucket, key string) error {
+	if err := precheck(ctx, bucket, key); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bbolt.Tx) error { return del(tx, bucket, key) })
+}
+
+// Update implements store.Store.
+func (s *Store) Update(ctx context.Context, fn func(store.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bbolt.Tx) error {
+		t := &boltTx{tx: tx}
+		defer func() { t.done = true }()
+		return fn(t)
+	})
+}
+
+type boltTx struct {
+	tx   *bbolt.Tx
+	done bool
+}
+
+func (t *boltTx) check(ctx context.Context, bucket, key string) error {
+	if t.done {
+		return fmt.Errorf("store: transaction used after Update returned: %w", errdefs.ErrFailedPrecondition)
+	}
+	return precheck(ctx, bucket, key)
+}
+
+func (t *boltTx) Get(ctx context.Context, bucket, key string, v any) error {
+	if err := t.check(ctx, bucket, key); err != nil {
+		return err
+	}
+	return get(t.tx, bucket, key, v)
+}
+
+func (t *boltTx) List(ctx context.Context, bucket, prefix string, fn func(string, []byte) error) error {
+	if err := t.check(ctx, bucket, "-"); err != nil {
+		return err
+	}
+	return list(ctx, t.tx, bucket, prefix, fn)
+}
+
+func (t *boltTx) Put(ctx context.Context, bucket, key string, v any) error {
+	if err := t.check(ctx, bucket, key); err != nil {
+		return err
+	}
+	b, err := store.Encode(v)
+	if err != nil {
+		return err
+	}
+	return put(t.tx, bucket, key, b)
+}
+
+func (t *boltTx) Delete(ctx context.Context, bucket, key string) error {
+	if err := t.check(ctx, bucket, key); err != nil {
+		return err
+	}
+	return del(t.tx, bucket, key)
+}
+
+func precheck(ctx context.Context, bucket, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return store.CheckKey(bucket, key)
+}
+
+func get(tx *bbolt.Tx, bucket, key string, v any) error {
+	b := tx.Bucket([]byte(bucket))
+	var raw []byte
+	if b != nil {
+		raw = b.Get([]byte(key))
+	}
+	if raw == nil {
+		return fmt.Errorf("store: %s/%s: %w", bucket, key, errdefs.ErrNotFound)
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("store: decode %s/%s: %w", bucket, key, err)
+	}
+	return nil
+}
+
+func list(ctx context.Context, tx *bbolt.Tx, bucket, prefix string, fn func(string, []byte) error) error {
+	b := tx.Bucket([]byte(bucket))
+	if b == nil {
+		return nil
+	}
+	c := b.Cursor()
+	p := []byte(prefix)
+	for k, v := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, v = c.Next() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := fn(string(k), v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func put(tx *bbolt.Tx, bucket, key string, value []byte) error {
+	b, err := tx.CreateBucketIfNotExists([]byte(bucket))
+	if err != nil {
+		return fmt.Errorf("store: bucket %s: %w", bucket, err)
+	}
+	if err := b.Put([]byte(key), value); err != nil {
+		return fmt.Errorf("store: put %s/%s: %w", bucket, key, err)
+	}
+	return nil
+}
+
+func del(tx *bbolt.Tx, bucket, key string) error {
+	b := tx.Bucket([]byte(bucket))
+	if b == nil || b.Get([]byte(key)) == nil {
+		return fmt.Errorf("store: %s/%s: %w", bucket, key, errdefs.ErrNotFound)
+	}
+	return b.Delete([]byte(key))
+}
