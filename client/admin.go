@@ -3,6 +3,8 @@ package client
 import (
 	"context"
 	"net/http"
+
+	"github.com/dsec-dev/dsec/internal/api"
 )
 
 // CreateTenant creates a tenant with its quota (admin only).
@@ -36,8 +38,8 @@ func (c *Client) DeleteTenant(ctx context.Context, name string) error {
 
 // TokenOptions are optional settings of CreateToken.
 type TokenOptions struct {
-	// E2B asks for a key usable with the E2B-compatible API (sent as
-	// "e2b": true; servers that issue one kind of token ignore it).
+	// E2B asks for an E2B-shaped API key ("e2b_..."), for the
+	// E2B-compatible API.
 	E2B bool
 }
 
@@ -46,10 +48,10 @@ func (c *Client) CreateToken(ctx context.Context, tenant string, opts TokenOptio
 	if err := need("tenant name", tenant); err != nil {
 		return nil, err
 	}
-	body := struct {
-		Tenant string `json:"tenant"`
-		E2B    bool   `json:"e2b,omitempty"`
-	}{tenant, opts.E2B}
+	body := api.TokenRequest{Tenant: tenant}
+	if opts.E2B {
+		body.Prefix = api.TokenPrefixE2B
+	}
 	var out Token
 	if err := c.call(ctx, http.MethodPost, "/v1/tokens", nil, body, &out); err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/dsec-dev/dsec/internal/api"
 	"github.com/dsec-dev/dsec/internal/errdefs"
 )
 
@@ -44,33 +45,34 @@ func (e *Error) Unwrap() error {
 	return statusClass(e.StatusCode)
 }
 
-// codeClass maps the contract's error codes to errdefs classes.
+// codeClass maps the contract's error codes to errdefs classes. (The
+// server's api.HTTPStatus is the other direction.)
 var codeClass = map[string]error{
-	"not_found":           errdefs.ErrNotFound,
-	"already_exists":      errdefs.ErrAlreadyExists,
-	"invalid_argument":    errdefs.ErrInvalidArgument,
-	"failed_precondition": errdefs.ErrFailedPrecondition,
-	"unauthenticated":     errdefs.ErrUnauthenticated,
-	"permission_denied":   errdefs.ErrPermissionDenied,
-	"resource_exhausted":  errdefs.ErrResourceExhausted,
-	"unavailable":         errdefs.ErrUnavailable,
-	"not_implemented":     errdefs.ErrNotImplemented,
-	"deadline_exceeded":   errdefs.ErrDeadlineExceeded,
+	api.CodeNotFound:           errdefs.ErrNotFound,
+	api.CodeAlreadyExists:      errdefs.ErrAlreadyExists,
+	api.CodeInvalidArgument:    errdefs.ErrInvalidArgument,
+	api.CodeFailedPrecondition: errdefs.ErrFailedPrecondition,
+	api.CodeUnauthenticated:     errdefs.ErrUnauthenticated,
+	api.CodePermissionDenied:   errdefs.ErrPermissionDenied,
+	api.CodeResourceExhausted:  errdefs.ErrResourceExhausted,
+	api.CodeUnavailable:         errdefs.ErrUnavailable,
+	api.CodeNotImplemented:     errdefs.ErrNotImplemented,
+	api.CodeDeadlineExceeded:   errdefs.ErrDeadlineExceeded,
 }
 
 // codeStatus is the status each code travels with (for stream frames,
 // where the HTTP status was already 200).
 var codeStatus = map[string]int{
-	"not_found":           http.StatusNotFound,
-	"already_exists":      http.StatusConflict,
-	"invalid_argument":    http.StatusBadRequest,
-	"failed_precondition": http.StatusConflict,
-	"unauthenticated":     http.StatusUnauthorized,
-	"permission_denied":   http.StatusForbidden,
-	"resource_exhausted":  http.StatusTooManyRequests,
-	"unavailable":         http.StatusServiceUnavailable,
-	"not_implemented":     http.StatusNotImplemented,
-	"deadline_exceeded":   http.StatusGatewayTimeout,
+	api.CodeNotFound:           http.StatusNotFound,
+	api.CodeAlreadyExists:      http.StatusConflict,
+	api.CodeInvalidArgument:    http.StatusBadRequest,
+	api.CodeFailedPrecondition: http.StatusConflict,
+	api.CodeUnauthenticated:     http.StatusUnauthorized,
+	api.CodePermissionDenied:   http.StatusForbidden,
+	api.CodeResourceExhausted:  http.StatusTooManyRequests,
+	api.CodeUnavailable:         http.StatusServiceUnavailable,
+	api.CodeNotImplemented:     http.StatusNotImplemented,
+	api.CodeDeadlineExceeded:   http.StatusGatewayTimeout,
 }
 
 func statusClass(status int) error {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/dsec-dev/dsec/internal/api"
 	"github.com/dsec-dev/dsec/internal/errdefs"
 )
 
@@ -228,5 +229,5 @@ func (c *Client) SignalExec(ctx context.Context, sandboxID, execID string, signa
 		return fmt.Errorf("signal %d out of range 1..64: %w", signal, errdefs.ErrInvalidArgument)
 	}
 	return c.call(ctx, http.MethodPost, sandboxPath(sandboxID, "/execs/", esc(execID), "/signal"), nil,
-		map[string]int{"signal": signal}, nil)
+		api.SignalRequest{Signal: signal}, nil)
 }

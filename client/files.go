@@ -10,6 +10,7 @@ import (
 	"path"
 	"strconv"
 
+	"github.com/dsec-dev/dsec/internal/api"
 	"github.com/dsec-dev/dsec/internal/errdefs"
 )
 
@@ -150,11 +151,8 @@ func (c *Client) MakeDir(ctx context.Context, sandboxID, p string, mode os.FileM
 	if mode == 0 {
 		mode = 0o755
 	}
-	body := struct {
-		Path string `json:"path"`
-		Mode uint32 `json:"mode"`
-	}{p, uint32(mode.Perm())}
-	return c.call(ctx, http.MethodPost, sandboxPath(sandboxID, "/files/mkdir"), nil, body, nil)
+	return c.call(ctx, http.MethodPost, sandboxPath(sandboxID, "/files/mkdir"), nil,
+		api.MkdirRequest{Path: p, Mode: uint32(mode.Perm())}, nil)
 }
 
 // Remove deletes a file, or a directory tree when recursive is set.
@@ -184,5 +182,5 @@ func (c *Client) Rename(ctx context.Context, sandboxID, from, to string) error {
 		return err
 	}
 	return c.call(ctx, http.MethodPost, sandboxPath(sandboxID, "/files/rename"), nil,
-		map[string]string{"from": from, "to": to}, nil)
+		api.RenameRequest{From: from, To: to}, nil)
 }

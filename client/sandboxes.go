@@ -9,6 +9,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/dsec-dev/dsec/internal/api"
 	"github.com/dsec-dev/dsec/internal/errdefs"
 )
 
@@ -102,7 +103,7 @@ func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) err
 	}
 	secs := int64(math.Ceil(d.Seconds()))
 	return c.call(ctx, http.MethodPost, sandboxPath(id, "/timeout"), nil,
-		map[string]int64{"timeout_seconds": secs}, nil)
+		api.TimeoutRequest{TimeoutSeconds: &secs}, nil)
 }
 
 // Stats returns live resource figures of a sandbox.
@@ -135,7 +136,7 @@ func (c *Client) Snapshot(ctx context.Context, id, imageRef string) (*ImageInfo,
 	}
 	var info ImageInfo
 	if err := c.call(ctx, http.MethodPost, sandboxPath(id, "/snapshot"), nil,
-		map[string]string{"image": imageRef}, &info); err != nil {
+		api.SnapshotRequest{Image: imageRef}, &info); err != nil {
 		return nil, err
 	}
 	return &info, nil
@@ -151,7 +152,7 @@ func (c *Client) Fork(ctx context.Context, id string, count int) ([]Sandbox, err
 	}
 	var out []Sandbox
 	if err := c.call(ctx, http.MethodPost, sandboxPath(id, "/fork"), nil,
-		map[string]int{"count": count}, &out); err != nil {
+		api.ForkRequest{Count: count}, &out); err != nil {
 		return nil, err
 	}
 	return out, nil

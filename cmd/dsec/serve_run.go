@@ -201,4 +201,3 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 	log.Info("dsec stopped")
 	return first
 }
-

@@ -178,4 +178,3 @@ func (n network) Update(ctx context.Context, id string, p node.NetworkPolicy) er
 }
 
 func (n network) Detach(ctx context.Context, id string) error { return n.m.Detach(ctx, id) }
-

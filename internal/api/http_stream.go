@@ -155,47 +155,82 @@ func (h *handler) exec(w http.ResponseWriter, r *http.Request, c Caller) error {
 	req.SandboxID = id
 
 	fw := newFrameWriter(w)
-	// Without full duplex the HTTP/1 server stops reading the body once
-	// the reply starts; stdin must keep flowing while output does.
-	_ = fw.rc.EnableFullDuplex()
-
-	// stdin is pumped through a pipe so that, when the exec ends, the
-	// handler can stop the pump and return without anyone reading the
-	// body afterwards.
+	// stdin goes through a pipe whose pump starts only once the exec
+	// runs, so a refused exec never reads the body, and a finished one
+	// can stop the pump before the handler returns.
 	pr, pw := io.Pipe()
-	pumpDone := make(chan struct{})
-	go func() {
-		defer close(pumpDone)
-		_, err := io.Copy(pw, br)
-		pw.CloseWithError(err)
-	}()
-	defer func() {
-		_ = pr.Close()
-		_ = fw.rc.SetReadDeadline(time.Now())
-		<-pumpDone
-		fw.close()
-	}()
-
 	info, err := h.svc.StartExec(r.Context(), c, req, runtime.IO{
 		Stdin: pr, Stdout: streamWriter{fw, "stdout"}, Stderr: streamWriter{fw, "stderr"},
 	})
 	if err != nil {
 		fw.close()
 		close(fw.ready)
+		pw.Close()
 		return err
 	}
+	// Without full duplex the HTTP/1 server stops reading the body once
+	// the reply starts; stdin must keep flowing while output does.
+	_ = fw.rc.EnableFullDuplex()
 	fw.start()
 	fw.frame(ExecFrame{ExecID: info.ExecID, Pid: info.Pid})
 	close(fw.ready)
+	pumpDone := make(chan struct{})
+	go func() {
+		defer close(pumpDone)
+		_, err := io.Copy(pw, br)
+		pw.CloseWithError(err)
+		if err != nil {
+			// The process stopped taking stdin: still read the body to
+			// its end, see finishDuplex.
+			_, _ = io.Copy(io.Discard, br)
+		}
+	}()
 
 	res, err := h.svc.WaitExec(r.Context(), c, id, info.ExecID)
 	if err != nil {
 		_, code := HTTPStatus(err)
 		fw.frame(ExecFrame{Error: oneLine(err.Error()), Code: code})
-		return nil
+	} else {
+		fw.frame(ExecFrame{Result: res})
 	}
-	fw.frame(ExecFrame{Result: res})
+	fw.close()
+	_ = pr.Close() // unblocks a pump waiting to hand data to a gone process
+	finishDuplex(fw, r, pumpDone)
 	return nil
+}
+
+// stdinGrace is how long a finished full-duplex call waits for its
+// client to finish the request body (clients close stdin on the result
+// frame) before cutting the connection.
+const stdinGrace = 2 * time.Second
+
+// finishDuplex returns once the request body has been read to its end
+// (drained is closed by whoever reads it). In full-duplex mode net/http
+// must not be left with an unread body: it would read the rest after the
+// handler returns, and the bytes after it must never be parsed as a next
+// request. A client that holds the body open past the grace period has
+// its connection ended, with a proper end of the chunked reply.
+func finishDuplex(fw *frameWriter, r *http.Request, drained <-chan struct{}) {
+	t := time.NewTimer(stdinGrace)
+	defer t.Stop()
+	select {
+	case <-drained:
+		return
+	case <-t.C:
+	}
+	conn, bufrw, err := fw.rc.Hijack()
+	if err != nil {
+		// HTTP/2 and others: a read deadline ends the stream's body.
+		_ = fw.rc.SetReadDeadline(time.Now())
+		<-drained
+		return
+	}
+	if r.ProtoAtLeast(1, 1) {
+		_, _ = bufrw.WriteString("0\r\n\r\n")
+		_ = bufrw.Flush()
+	}
+	_ = conn.Close()
+	<-drained
 }
 
 // readFile streams a file out; it is never held whole in memory.
@@ -269,12 +304,21 @@ func (h *handler) importImage(w http.ResponseWriter, r *http.Request, c Caller) 
 		}
 	}
 	fw := newFrameWriter(w)
-	_ = fw.rc.EnableFullDuplex()
+	duplex := false
 	var (
 		once    sync.Once
 		last    time.Time
 		lastMu  sync.Mutex
-		started = func() { once.Do(fw.start) }
+		started = func() {
+			once.Do(func() {
+				if body != nil {
+					// Progress goes out while the tar is still being read.
+					_ = fw.rc.EnableFullDuplex()
+					duplex = true
+				}
+				fw.start()
+			})
+		}
 	)
 	progress := func(p ImportProgress) {
 		lastMu.Lock()
@@ -291,9 +335,19 @@ func (h *handler) importImage(w http.ResponseWriter, r *http.Request, c Caller) 
 		fw.frame(ImportFrame{ImportProgress: &p})
 	}
 	info, err := h.svc.ImportImage(r.Context(), c, ref, path, body, public, progress)
-	defer fw.close()
 	wasStarted := true
 	once.Do(func() { wasStarted = false })
+	defer func() {
+		fw.close()
+		if duplex {
+			drained := make(chan struct{})
+			go func() {
+				defer close(drained)
+				_, _ = io.Copy(io.Discard, body)
+			}()
+			finishDuplex(fw, r, drained)
+		}
+	}()
 	if err != nil {
 		if !wasStarted {
 			return err

@@ -38,6 +38,9 @@ type S3Config struct {
 	PathStyle bool
 	// MaxRetries bounds retries of one request; 0 = 3.
 	MaxRetries int
+	// PartSize is the multipart threshold and part size (>= 5 MiB);
+	// 0 = 64 MiB, so chunks and most indexes go in one PUT.
+	PartSize uint64
 	// CreateBucket makes the bucket when it does not exist.
 	CreateBucket bool
 	// RefreshAge: a Put of an existing object older than this re-uploads
@@ -53,6 +56,7 @@ type S3Store struct {
 	bucket     string
 	prefix     string
 	refreshAge time.Duration
+	partSize   uint64
 }
 
 var _ Store = (*S3Store)(nil)
@@ -109,7 +113,14 @@ func NewS3Store(ctx context.Context, cfg S3Config) (*S3Store, error) {
 	if ra <= 0 {
 		ra = time.Hour
 	}
-	return &S3Store{c: c, bucket: cfg.Bucket, prefix: cfg.Prefix, refreshAge: ra}, nil
+	ps := cfg.PartSize
+	if ps == 0 {
+		ps = 64 << 20
+	}
+	if ps < 5<<20 {
+		return nil, fmt.Errorf("s3 store: part size %d below the S3 minimum of 5 MiB: %w", ps, errdefs.ErrInvalidArgument)
+	}
+	return &S3Store{c: c, bucket: cfg.Bucket, prefix: cfg.Prefix, refreshAge: ra, partSize: ps}, nil
 }
 
 func (s *S3Store) key(d Digest) (string, error) {
@@ -231,8 +242,7 @@ func (s *S3Store) Put(ctx context.Context, expected Digest, r io.Reader) (Info, 
 	k, _ := s.key(d)
 	oi, err := s.c.PutObject(ctx, s.bucket, k, body, n, minio.PutObjectOptions{
 		ContentType: "application/octet-stream",
-		// One part up to 64 MiB: fewer requests and no multipart for chunks.
-		PartSize: 64 << 20,
+		PartSize:    s.partSize,
 	})
 	if err != nil {
 		return Info{}, s3err(d, err)

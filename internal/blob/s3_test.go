@@ -48,6 +48,7 @@ func TestS3StoreConformance(t *testing.T) {
 		cfg := newFakeS3(t)
 		cfg.Bucket = fmt.Sprintf("dsec-%d", bucketSeq.Add(1))
 		cfg.Prefix = "blobs/"
+		cfg.PartSize = 5 << 20 // the 9 MiB conformance blob goes multipart
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		s, err := blob.NewS3Store(ctx, cfg)

@@ -442,3 +442,40 @@ func BenchmarkV1NewDelete(b *testing.B) {
 		}
 	}
 }
+
+func BenchmarkV1Stats(b *testing.B) {
+	m, parent := v1Manager(b)
+	ctx := context.Background()
+	g, err := m.New(ctx, parent+"/stats", Resources{MemoryLimit: 512 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = g.Delete(ctx) })
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := g.Stats(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkV1FreezeThaw(b *testing.B) {
+	m, parent := v1Manager(b)
+	ctx := context.Background()
+	g, err := m.New(ctx, parent+"/freeze", Resources{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = g.Delete(ctx) })
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := g.Freeze(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := g.Thaw(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

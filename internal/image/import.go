@@ -430,14 +430,16 @@ func sniffArchive(ctx context.Context, path string) (int, error) {
 	tr := tar.NewReader(ctxReader{ctx, r})
 	var manifest []byte
 	var ociLayout, ociIndex bool
+	last := "(none)"
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return 0, fmt.Errorf("%w: %w", truncErr(err), err)
+			return 0, fmt.Errorf("after entry %q: %w: %w", last, truncErr(err), err)
 		}
+		last = hdr.Name
 		switch filepath.Clean(hdr.Name) {
 		case "manifest.json":
 			if hdr.Size < 1<<20 {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -178,6 +179,11 @@ func NewStore(blobs blob.Store, meta MetaStore, opts ...Opt) (*Store, error) {
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.cfg.tmpDir != "" {
+		if err := os.MkdirAll(s.cfg.tmpDir, 0o700); err != nil {
+			return nil, fmt.Errorf("image store: temp dir: %w", err)
+		}
 	}
 	return s, nil
 }

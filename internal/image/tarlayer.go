@@ -30,14 +30,16 @@ const (
 // Nothing is ever written to disk and no link is followed.
 func (b *builder) addTar(r io.Reader, oci bool, what string) error {
 	tr := tar.NewReader(r)
+	last := "(none)"
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("%s: %w: %w", what, truncErr(err), err)
+			return fmt.Errorf("%s: after entry %q: %w: %w", what, last, truncErr(err), err)
 		}
+		last = hdr.Name
 		if err := b.addTarEntry(tr, hdr, oci, what); err != nil {
 			return err
 		}

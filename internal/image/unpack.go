@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -165,6 +166,9 @@ func setAttrs(full string, e *Entry) error {
 		return err
 	}
 	for k, v := range e.Xattrs {
+		if e.Type == TypeSymlink && strings.HasPrefix(k, "user.") {
+			continue // Linux allows no user.* xattrs on symlinks
+		}
 		if err := unix.Lsetxattr(full, k, v, 0); err != nil {
 			return fmt.Errorf("setxattr %s: %w", k, err)
 		}

@@ -5,10 +5,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/dsec-dev/dsec/internal/blob"
 )
 
 const benchFileSize = 64 << 20
@@ -132,4 +137,115 @@ func BenchmarkStatReaddir(b *testing.B) {
 			}
 		})
 	}
+}
+
+// pythonLayer stores a layer made of the host's Python: interpreter,
+// libraries, stdlib and dist-packages (about the size of a slim image).
+func pythonLayer(b *testing.B) (*testStore, blob.Digest) {
+	const py = "/usr/bin/python3.11"
+	if _, err := os.Stat(py); err != nil {
+		b.Skip("host has no " + py + " to build the image from")
+	}
+	src := b.TempDir()
+	out, err := exec.Command("ldd", py).Output()
+	if err != nil {
+		b.Fatal(err)
+	}
+	paths := []string{py, "/usr/bin/python3", "/usr/lib/python3.11", "/usr/lib/python3/dist-packages"}
+	for _, f := range strings.Fields(string(out)) {
+		if strings.HasPrefix(f, "/") {
+			paths = append(paths, f)
+		}
+	}
+	for _, p := range paths {
+		args := []string{"-a", "--parents", strings.TrimPrefix(p, "/"), src}
+		if !strings.HasPrefix(p, "/usr/") {
+			args[0] = "-L" // libraries: copy the file behind /lib symlinks
+		}
+		cp := exec.Command("cp", args...)
+		cp.Dir = "/"
+		if out, err := cp.CombinedOutput(); err != nil {
+			b.Fatalf("cp %s: %v: %s", p, err, out)
+		}
+	}
+	store := newTestStore(b)
+	d, _ := buildLayer(b, store, src, 1<<20)
+	return store, d
+}
+
+func runPython(b *testing.B, root string) {
+	cmd := exec.Command("/usr/bin/python3", "-c", "import json; json.dumps({})")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root}
+	cmd.Dir = "/"
+	cmd.Env = []string{"PATH=/usr/bin", "PYTHONDONTWRITEBYTECODE=1"}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("python in the sandbox root: %v: %s", err, out)
+	}
+}
+
+// BenchmarkPythonImportJSON runs `python3 -c 'import json'` in a fresh
+// sandbox root (an overlay on the layer) with an empty node cache and
+// reports how much of the image it fetched, against the image size and
+// against the bytes the daemon served to the kernel.
+func BenchmarkPythonImportJSON(b *testing.B) {
+	store, d := pythonLayer(b)
+	var st Stats
+	for b.Loop() {
+		e := newEnv(b, store, 1<<30, WithPrefetchWindow(-1))
+		runPython(b, mountOverlay(b, e.acquire(b, d)))
+		st, _ = e.m.LayerStats(d)
+	}
+	b.ReportMetric(float64(st.ImageBytes)/(1<<20), "image-MiB")
+	b.ReportMetric(float64(st.FetchedBytes)/(1<<20), "fetched-MiB")
+	b.ReportMetric(100*float64(st.FetchedBytes)/float64(st.ImageBytes), "fetched-%")
+	b.ReportMetric(float64(st.FetchedBytes)/float64(st.ReadBytes), "fetched/read")
+}
+
+// BenchmarkSandboxesPageCache runs the same Python start in 100 sandbox
+// roots over one layer mount and reports how much the kernel's page cache
+// (Cached in /proc/meminfo, so other activity on the host adds noise) grew
+// for all of them relative to the first one.
+func BenchmarkSandboxesPageCache(b *testing.B) {
+	store, d := pythonLayer(b)
+	var first, all, firstOurs, allOurs int64
+	for b.Loop() {
+		e := newEnv(b, store, 1<<30, WithPrefetchWindow(-1))
+		layer := e.acquire(b, d)
+		roots := make([]string, 100)
+		for i := range roots {
+			roots[i] = mountOverlay(b, layer)
+		}
+		ours := func() int64 { return residentUnder(b, layer) + residentUnder(b, e.cache.dir) }
+		start, startOurs := meminfoCached(b), ours()
+		runPython(b, roots[0])
+		first, firstOurs = meminfoCached(b)-start, ours()-startOurs
+		for _, r := range roots[1:] {
+			runPython(b, r)
+		}
+		all, allOurs = meminfoCached(b)-start, ours()-startOurs
+	}
+	// The same, counting only pages of the layer's files and the cache's
+	// files (mincore), which other activity on the host cannot inflate.
+	b.ReportMetric(float64(firstOurs)/(1<<20), "first-own-MiB")
+	b.ReportMetric(float64(allOurs)/float64(firstOurs), "own-growth-ratio")
+	b.ReportMetric(float64(first)/(1<<20), "first-MiB")
+	b.ReportMetric(float64(all)/(1<<20), "all100-MiB")
+	b.ReportMetric(float64(all)/float64(first), "growth-ratio")
+}
+
+// residentUnder sums the page cache bytes of the regular files under dir.
+func residentUnder(b *testing.B, dir string) int64 {
+	var total int64
+	filepath.WalkDir(dir, func(p string, de os.DirEntry, err error) error {
+		if err != nil || !de.Type().IsRegular() {
+			return nil
+		}
+		if fi, err := de.Info(); err != nil || fi.Size() == 0 {
+			return nil
+		}
+		res, _ := residentPages(b, p)
+		total += int64(res) * int64(os.Getpagesize())
+		return nil
+	})
+	return total
 }

@@ -83,9 +83,10 @@ type failure struct {
 }
 
 type fetchCall struct {
-	done chan struct{}
-	data []byte
-	err  error
+	done   chan struct{} // data or err is set
+	stored chan struct{} // the chunk is in the cache (or could not be)
+	data   []byte
+	err    error
 }
 
 // CacheOpt configures a ChunkCache.
@@ -407,13 +408,17 @@ func (c *ChunkCache) fetch(ctx context.Context, src blob.Reader, ch image.Chunk,
 	}
 	call, ok := c.inflight[ch.Digest]
 	if !ok {
-		call = &fetchCall{done: make(chan struct{})}
+		call = &fetchCall{done: make(chan struct{}), stored: make(chan struct{})}
 		c.inflight[ch.Digest] = call
 		go c.runFetch(context.WithoutCancel(ctx), src, ch, r, prefetch, call)
 	}
 	c.mu.Unlock()
+	wait := call.done
+	if prefetch {
+		wait = call.stored
+	}
 	select {
-	case <-call.done:
+	case <-wait:
 		return call.data, call.err
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -421,43 +426,55 @@ func (c *ChunkCache) fetch(ctx context.Context, src blob.Reader, ch image.Chunk,
 }
 
 func (c *ChunkCache) runFetch(ctx context.Context, src blob.Reader, ch image.Chunk, r reader, prefetch bool, call *fetchCall) {
-	defer func() {
-		c.mu.Lock()
-		delete(c.inflight, ch.Digest)
-		if call.err != nil && c.memo > 0 {
-			c.failures[ch.Digest] = failure{err: call.err, until: time.Now().Add(c.memo)}
-		}
-		c.mu.Unlock()
+	data, err := c.fetchRetry(ctx, src, ch, r)
+	if err == nil {
+		r.st.addFetched(int64(len(data)), prefetch)
+		call.data = data
+		// Readers go on with the bytes in memory; the call stays in flight
+		// until the chunk is on disk so nobody fetches it again meanwhile.
 		close(call.done)
-	}()
+		c.store(ch.Digest, data, r)
+	}
+	c.mu.Lock()
+	delete(c.inflight, ch.Digest)
+	if err != nil && c.memo > 0 {
+		c.failures[ch.Digest] = failure{err: err, until: time.Now().Add(c.memo)}
+	}
+	c.mu.Unlock()
+	if err != nil {
+		call.err = err
+		close(call.done)
+	}
+	close(call.stored)
+}
+
+// fetchRetry fetches a chunk, retrying store errors with backoff; a corrupt
+// chunk is not retried.
+func (c *ChunkCache) fetchRetry(ctx context.Context, src blob.Reader, ch image.Chunk, r reader) ([]byte, error) {
 	backoff := c.backoff
-	var err error
 	for attempt := 1; ; attempt++ {
-		var data []byte
-		data, err = c.fetchOnce(ctx, src, ch)
+		data, err := c.fetchOnce(ctx, src, ch)
 		if err == nil {
-			r.st.addFetched(int64(len(data)), prefetch)
-			call.data = data
-			c.store(ch.Digest, data, r)
-			return
+			return data, nil
 		}
 		if errors.Is(err, ErrCorrupt) {
+			r.st.failed()
 			c.log.Error("lazyfs: corrupt chunk in store", "chunk", ch.Digest, "stored", ch.Stored, "layer", r.layer, "err", err)
-			break
+			return nil, err
 		}
 		if attempt >= c.attempts {
-			break
+			r.st.failed()
+			c.log.Error("lazyfs: chunk fetch failed", "chunk", ch.Digest, "layer", r.layer, "attempts", c.attempts, "err", err)
+			return nil, fmt.Errorf("fetch chunk %s after %d attempts: %w: %w", ch.Digest, c.attempts, err, errdefs.ErrUnavailable)
 		}
 		c.log.Warn("lazyfs: chunk fetch failed, retrying", "chunk", ch.Digest, "layer", r.layer, "attempt", attempt, "err", err)
-		time.Sleep(backoff)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 		backoff *= 2
 	}
-	r.st.failed()
-	if !errors.Is(err, ErrCorrupt) {
-		c.log.Error("lazyfs: chunk fetch failed", "chunk", ch.Digest, "layer", r.layer, "attempts", c.attempts, "err", err)
-		err = fmt.Errorf("fetch chunk %s after %d attempts: %w: %w", ch.Digest, c.attempts, err, errdefs.ErrUnavailable)
-	}
-	call.err = err
 }
 
 // fetchOnce reads and verifies one chunk (image.ReadChunk owns the blob
@@ -518,8 +535,11 @@ func (c *ChunkCache) writeFile(name string, data []byte) error {
 	}
 	_, err = f.Write(data)
 	if err == nil {
-		// Start writeback now so the pages are clean and droppable.
-		_ = unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+		// The reader's copy lives in the FUSE page cache: write the chunk
+		// out and drop its pages so the node does not cache it twice.
+		// Readers do not wait for this.
+		err = unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
+		_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr

@@ -216,7 +216,7 @@ func TestOverlayOnLayers(t *testing.T) {
 }
 
 // residentPages counts the pages of p in the page cache (fincore).
-func residentPages(t *testing.T, p string) (resident, total int) {
+func residentPages(t testing.TB, p string) (resident, total int) {
 	t.Helper()
 	f, err := os.Open(p)
 	if err != nil {
@@ -240,7 +240,7 @@ func residentPages(t *testing.T, p string) (resident, total int) {
 	return resident, len(vec)
 }
 
-func meminfoCached(t *testing.T) int64 {
+func meminfoCached(t testing.TB) int64 {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		t.Fatal(err)

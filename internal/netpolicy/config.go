@@ -16,6 +16,12 @@ const (
 	DefaultGuestLink  = "eth0"
 )
 
+// LinkGroup is the interface group (ip link ... group) of every sandbox
+// link's host end, whatever Manager made it. It lets each Manager's
+// forward chain tell dsec sandbox traffic, its own or another's, from the
+// rest of the host's.
+const LinkGroup uint32 = 0xd5ec
+
 // Config is the node operator's network configuration.
 type Config struct {
 	// Subnet is where sandbox addresses come from (one /32 each; the

@@ -36,10 +36,11 @@
 //     address added to the host later is covered too. The input chain sends
 //     a sandbox's packets to the host itself through the same sandbox
 //     chain, so host sockets are reachable only where an operator exception
-//     and the sandbox's own allow rules both say so. Packets into a sandbox
-//     are accepted only as replies (conntrack established/related): nothing
-//     can open a connection to a sandbox, other sandboxes included. A
-//     sandbox interface without a chain (stale) is rejected: fail closed.
+//     and the sandbox's own allow rules both say so. Packets routed into a
+//     sandbox are accepted only as replies (conntrack established/related):
+//     nothing can open a connection to a sandbox through the host, other
+//     sandboxes included (the host's own processes can; they are trusted).
+//     A sandbox interface without a chain (stale) is rejected: fail closed.
 //
 //   - Policy is checked on every packet the sandbox sends, not only the
 //     first of a connection, and Update replaces a sandbox's chain in one
@@ -55,11 +56,16 @@
 // Host-level changes, all undone by Close: the nftables table;
 // net.ipv4.ip_forward is set to 1 at the first Attach if it was 0 — and
 // then the forward chain drops every other forwarded IPv4 packet, so the
-// host does not start routing anything but sandbox traffic — and Close
-// sets it back to 0. (If the process dies before Close, the next Manager
-// finds the marker rule in the old table and still restores 0 on its
-// Close.) IPv6 is switched off on each host-side link. Nothing else is
-// touched: no bridge, no per-sandbox sysctl, no change to other tables.
+// host does not start routing anything but sandbox traffic — and set back
+// to 0 by Close. Several Managers may share a host (a server and tests, or
+// two servers with their own tables, subnets and prefixes): every sandbox
+// link is in interface group LinkGroup, which each Manager's drop rule
+// lets through, and the rule's comment is a marker that the others read:
+// ip_forward goes back to 0 only when the last marked table goes, and a
+// Manager that finds ip_forward on and a marked table (a live one's, or
+// one left by a process that died before Close) knows the host's own
+// setting was off. IPv6 is switched off on each host-side link. Nothing
+// else is touched: no bridge, no per-sandbox sysctl, no other table.
 //
 // Other firewalls: nftables evaluates every base chain on a hook, and a
 // drop anywhere is final. A host whose own forward chain drops by default

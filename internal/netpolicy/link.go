@@ -51,6 +51,7 @@ func (m *Manager) plumb(ctx context.Context, a *attachment, netnsPath string) er
 	attrs.MTU = m.cfg.MTU
 	attrs.HardwareAddr = hostMAC
 	attrs.Flags = net.FlagUp
+	attrs.Group = LinkGroup
 	veth := netlink.NewVeth(attrs)
 	veth.PeerName = m.cfg.GuestLink
 	veth.PeerHardwareAddr = guestMAC

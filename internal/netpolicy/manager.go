@@ -238,8 +238,9 @@ func (m *Manager) Close(ctx context.Context) error {
 	m.byID = map[string]*attachment{}
 	m.used = map[uint32]bool{}
 	if m.ready {
-		// Routing off before the filter goes, never the other way round.
-		if m.flipped {
+		// Routing off before the filter goes, never the other way round;
+		// and only by the last Manager that needs it on.
+		if m.flipped && len(markerTables(m.nft, m.cfg.Table)) == 0 {
 			if err := os.WriteFile(ipForwardPath, []byte("0\n"), 0o644); err != nil {
 				errs = append(errs, fmt.Errorf("netpolicy: restore ip_forward: %w", err))
 			}
@@ -367,10 +368,10 @@ func (m *Manager) setupLocked() error {
 		return fmt.Errorf("netpolicy: %w", err)
 	}
 	forwardOff := strings.TrimSpace(string(cur)) == "0"
-	// A predecessor that died before Close left ip_forward on and its
-	// marker in the table: the host's real setting was off.
-	crashed := !forwardOff && hasForwardMarker(m.nft, m.cfg.Table)
-	flip := forwardOff || crashed
+	// ip_forward on with a marker table around (another Manager's, or a
+	// predecessor's of ours that died before Close) means the host's own
+	// setting was off: we share the duty to switch it off again.
+	flip := forwardOff || len(markerTables(m.nft, "")) > 0
 
 	if err := queueTable(m.nft, m.cfg, m.refs, protect, flip); err != nil {
 		return err

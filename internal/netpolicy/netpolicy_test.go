@@ -7,10 +7,12 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -96,7 +98,6 @@ func TestEgressPolicy(t *testing.T) {
 		}
 	}
 
-	forwardBefore := readIPForward(t)
 	m, cfg := labManager(t, l, nil)
 	sbx, sbxPath := l.newNS("sbxa")
 	ctx := context.Background()
@@ -342,9 +343,7 @@ func TestEgressPolicy(t *testing.T) {
 		if tableExists(t, cfg.Table) {
 			t.Fatal("table left after Close")
 		}
-		if got := readIPForward(t); got != forwardBefore {
-			t.Fatalf("ip_forward = %s after Close, was %s", got, forwardBefore)
-		}
+		checkForwardRestored(t)
 		if err := m.Attach(ctx, "sbx-a", sbxPath, node.NetworkPolicy{Allow: []node.NetworkRule{{CIDR: internetIP}}}); !errdefs.IsUnavailable(err) {
 			t.Fatalf("Attach after Close: %v", err)
 		}
@@ -371,7 +370,6 @@ func TestRecoverAfterCrash(t *testing.T) {
 	l := newLab(t)
 	internet := l.addHost("internet", 2)
 	serveTCP(t, internet.ns, internetIP+":8080", "internet")
-	forwardBefore := readIPForward(t)
 	sbx, sbxPath := l.newNS("sbx")
 	p := node.NetworkPolicy{Allow: []node.NetworkRule{{CIDR: internetIP}}}
 	ctx := context.Background()
@@ -403,9 +401,7 @@ func TestRecoverAfterCrash(t *testing.T) {
 	if err := next.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := readIPForward(t); got != forwardBefore {
-		t.Fatalf("ip_forward = %s after the successor's Close, was %s", got, forwardBefore)
-	}
+	checkForwardRestored(t)
 	if tableExists(t, cfg.Table) || len(linksWithPrefix(t, cfg.LinkPrefix)) != 0 {
 		t.Fatal("table or links left")
 	}
@@ -413,10 +409,57 @@ func TestRecoverAfterCrash(t *testing.T) {
 
 // Nothing outlives the tests: no namespaces, links, rules or tables of
 // theirs.
+// hostForward is the host's own ip_forward setting, read before any test:
+// "0" if a dsec Manager (another package's server, say) had switched it on.
+var hostForward string
+
+// forwardProblem says what is wrong with ip_forward now, if anything: with
+// no marked table left it is the host's own setting again; while another
+// Manager's marked table exists it must stay on.
+func forwardProblem() string {
+	b, err := os.ReadFile(ipForwardPath)
+	if err != nil {
+		return err.Error()
+	}
+	got := strings.TrimSpace(string(b))
+	c, err := nftables.New()
+	if err != nil {
+		return err.Error()
+	}
+	if others := markerTables(c, ""); len(others) > 0 {
+		if got != "1" {
+			return fmt.Sprintf("ip_forward = %s while Managers %v need it on", got, others)
+		}
+		return ""
+	}
+	if got != hostForward {
+		return fmt.Sprintf("ip_forward = %s, the host's own setting was %s", got, hostForward)
+	}
+	return ""
+}
+
+func checkForwardRestored(t testing.TB) {
+	t.Helper()
+	if p := forwardProblem(); p != "" {
+		t.Fatal(p)
+	}
+}
+
 func TestMain(m *testing.M) {
+	if unix.Geteuid() == 0 {
+		b, _ := os.ReadFile(ipForwardPath)
+		hostForward = strings.TrimSpace(string(b))
+		if c, err := nftables.New(); err == nil && len(markerTables(c, "")) > 0 {
+			hostForward = "0"
+		}
+	}
 	code := m.Run()
 	if unix.Geteuid() == 0 {
-		if leaks := labLeaks(); len(leaks) > 0 {
+		leaks := labLeaks()
+		if p := forwardProblem(); p != "" {
+			leaks = append(leaks, p)
+		}
+		if len(leaks) > 0 {
 			fmt.Println("netpolicy tests leaked:", leaks)
 			code = 1
 		}
@@ -486,4 +529,75 @@ func TestConcurrentAttach(t *testing.T) {
 	if got := linksWithPrefix(t, cfg.LinkPrefix); len(got) != 0 {
 		t.Fatalf("links left: %v", got)
 	}
+}
+
+// A full subnet says so, and an address comes back after Detach.
+func TestSubnetExhausted(t *testing.T) {
+	l := newLab(t)
+	m, _ := labManager(t, l, func(c *Config) { c.Subnet = netip.MustParsePrefix("10.251.0.0/29") })
+	ctx := context.Background()
+	p := node.NetworkPolicy{Allow: []node.NetworkRule{{CIDR: internetIP}}}
+	// /29: network, gateway, broadcast taken; five sandboxes fit.
+	for i := range 5 {
+		_, path := l.newNS(fmt.Sprintf("x%d", i))
+		if err := m.Attach(ctx, fmt.Sprintf("x%d", i), path, p); err != nil {
+			t.Fatalf("attach x%d: %v", i, err)
+		}
+	}
+	_, path := l.newNS("x5")
+	if err := m.Attach(ctx, "x5", path, p); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("sixth Attach: %v, want resource exhausted", err)
+	}
+	if err := m.Detach(ctx, "x2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Attach(ctx, "x5", path, p); err != nil {
+		t.Fatalf("Attach after a Detach: %v", err)
+	}
+	if a, _ := m.Address("x5"); a != netip.MustParseAddr("10.251.0.4") {
+		t.Fatalf("x5 got %s, want the freed 10.251.0.4", a)
+	}
+}
+
+// Two Managers on one host (each its table, subnet and prefix) do not get
+// in each other's way, and ip_forward goes back only after the last.
+func TestTwoManagers(t *testing.T) {
+	l := newLab(t)
+	internet := l.addHost("internet", 2)
+	serveTCP(t, internet.ns, internetIP+":8080", "internet")
+	ctx := context.Background()
+	a, _ := labManager(t, l, func(c *Config) { c.Subnet = netip.MustParsePrefix("10.251.0.0/25") })
+	b, _ := labManager(t, l, func(c *Config) {
+		c.Subnet = netip.MustParsePrefix("10.251.0.128/25")
+		c.LinkPrefix = "dq" + l.suffix[2:6]
+		c.Table += "b"
+	})
+	allowAll := node.NetworkPolicy{Allow: []node.NetworkRule{{CIDR: "0.0.0.0/0"}}}
+	nsA, pathA := l.newNS("ma")
+	nsB, pathB := l.newNS("mb")
+	if err := a.Attach(ctx, "a", pathA, allowAll); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Attach(ctx, "b", pathB, allowAll); err != nil {
+		t.Fatal(err)
+	}
+	mustReach(t, nsA, internetIP+":8080", "internet")
+	mustReach(t, nsB, internetIP+":8080", "internet")
+	// B's policy allows all and A's subnet is not in B's protected set;
+	// A's table still refuses connections into its sandboxes.
+	addrA, _ := a.Address("a")
+	serveTCP(t, nsA, addrA.String()+":8081", "sandbox-a")
+	mustNotReach(t, nsB, addrA.String()+":8081")
+
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := readIPForward(t); got != "1" {
+		t.Fatalf("ip_forward = %s after the first Close; the other Manager needs it", got)
+	}
+	mustReach(t, nsB, internetIP+":8080", "internet")
+	if err := b.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkForwardRestored(t)
 }

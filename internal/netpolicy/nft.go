@@ -142,12 +142,17 @@ func queueTable(c *nftables.Conn, r *resolved, refs *tableRefs, protect []netip.
 	}
 	if dropOtherForwarding {
 		// The host did not route before dsec switched ip_forward on; keep
-		// it that way for everything but sandbox traffic.
+		// it that way for everything but sandbox traffic — of every dsec
+		// Manager on the host, which all tag their links with LinkGroup.
 		c.AddRule(&nftables.Rule{Table: t, Chain: refs.forward,
 			UserData: userdata.AppendString(nil, userdata.TypeComment, forwardMarker),
 			Exprs: []expr.Any{
 				&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
 				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+				&expr.Meta{Key: expr.MetaKeyIIFGROUP, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(LinkGroup)},
+				&expr.Meta{Key: expr.MetaKeyOIFGROUP, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(LinkGroup)},
 				&expr.Verdict{Kind: expr.VerdictDrop},
 			}})
 	}
@@ -276,22 +281,31 @@ func intervalElements(ps []netip.Prefix) []nftables.SetElement {
 	return els
 }
 
-// hasForwardMarker reports whether table name exists with the rule that
-// says an earlier Manager switched ip_forward on.
-// Errors (no table, no chain) mean no marker.
-func hasForwardMarker(c *nftables.Conn, name string) bool {
-	t, err := c.ListTableOfFamily(name, nftables.TableFamilyINet)
-	if err != nil || t == nil {
-		return false
-	}
-	rules, err := c.GetRules(t, &nftables.Chain{Name: chainForward, Table: t})
+// markerTables lists the inet tables, other than skip, whose forward
+// chain carries the marker: those of live dsec Managers that switched
+// ip_forward on, or of one that died. While one exists, the host's own
+// setting was off and ip_forward must stay on. Unreadable tables or chains
+// count as unmarked.
+func markerTables(c *nftables.Conn, skip string) []string {
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
 	if err != nil {
-		return false
+		return nil
 	}
-	for _, r := range rules {
-		if s, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok && s == forwardMarker {
-			return true
+	var out []string
+	for _, t := range tables {
+		if t.Name == skip {
+			continue
+		}
+		rules, err := c.GetRules(t, &nftables.Chain{Name: chainForward, Table: t})
+		if err != nil {
+			continue
+		}
+		for _, r := range rules {
+			if s, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok && s == forwardMarker {
+				out = append(out, t.Name)
+				break
+			}
 		}
 	}
-	return false
+	return out
 }

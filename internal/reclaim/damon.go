@@ -65,11 +65,15 @@ func DetectDAMON(sysfs string) DAMONStatus {
 	for _, o := range st.Operations {
 		hasVaddr = hasVaddr || o == "vaddr"
 	}
+	const noVaddr = "only physical-address monitoring (no CONFIG_DAMON_VADDR): node-wide, not per sandbox"
 	if st.Running > 0 {
 		err := writeSys(dir, "nr_kdamonds", strconv.Itoa(st.Kdamonds))
 		switch {
 		case errors.Is(err, unix.EBUSY):
 			st.Reason = fmt.Sprintf("%d kdamond(s) already running; the kernel refuses (EBUSY) to add another while one runs", st.Running)
+			if st.Operations != nil && !hasVaddr {
+				st.Reason += "; and " + noVaddr
+			}
 		case err != nil:
 			st.Reason = fmt.Sprintf("kdamond running and nr_kdamonds not writable: %v", err)
 		default:
@@ -80,7 +84,7 @@ func DetectDAMON(sysfs string) DAMONStatus {
 	}
 	st.CanStart = true
 	if st.Operations != nil && !hasVaddr {
-		st.Reason = "only physical-address monitoring (no CONFIG_DAMON_VADDR): node-wide, not per sandbox"
+		st.Reason = noVaddr
 	}
 	return st
 }

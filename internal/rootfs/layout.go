@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dsec-dev/dsec/internal/errdefs"
 )
 
@@ -15,22 +17,24 @@ import (
 const (
 	UpperName = "upper"
 	WorkName  = "work"
-	RootName  = "rootfs"    // overlay mount point (inside the sandbox only)
-	DiskImage = "disk.img"  // sparse ext4 image, when limited
-	DiskMount = "disk"      // its mount point (inside the sandbox only)
+	DiskImage = "disk.img" // sparse ext4 image, when limited
+	DiskMount = "disk"     // its mount point (inside the sandbox only)
 )
 
 // Overlay is an overlayfs mount described as data.
 type Overlay struct {
 	Lower []string // top-most first
-	Upper string    // empty when the upper lives on Disk (created by the init)
+	Upper string   // empty when the upper lives on Disk (created by the init)
 	Work  string
 }
 
 // Layout is a prepared sandbox directory.
 type Layout struct {
-	Dir     string
-	Root    string // where the overlay is to be mounted
+	Dir string
+	// Root is where the overlay is to be mounted: the sandbox dir itself
+	// (inside the sandbox's mount namespace only), which saves creating and
+	// removing a mount point on the host's disk for every sandbox.
+	Root    string
 	Overlay Overlay
 	Disk    *Disk // nil: no disk limit
 }
@@ -95,10 +99,7 @@ func Prepare(ctx context.Context, dir string, lower []string, diskBytes int64, p
 			_ = os.RemoveAll(dir)
 		}
 	}()
-	l := &Layout{Dir: dir, Root: filepath.Join(dir, RootName), Overlay: Overlay{Lower: lower}}
-	if err := os.Mkdir(l.Root, 0o755); err != nil {
-		return nil, err
-	}
+	l := &Layout{Dir: dir, Root: dir, Overlay: Overlay{Lower: lower}}
 	if diskBytes == 0 {
 		l.Overlay.Upper = filepath.Join(dir, UpperName)
 		l.Overlay.Work = filepath.Join(dir, WorkName)
@@ -144,6 +145,13 @@ func (l *Layout) Release() error {
 func Remove(dir string) error {
 	if dir == "" || !filepath.IsAbs(dir) {
 		return fmt.Errorf("refusing to remove %q: %w", dir, errdefs.ErrInvalidArgument)
+	}
+	// Fast path for the usual layout (metadata operations are the cost of
+	// a teardown on a slow disk): empty dirs go with one rmdir each.
+	for _, p := range []string{WorkName + "/work", WorkName, UpperName, DiskMount, ""} {
+		if err := unix.Rmdir(filepath.Join(dir, p)); err != nil && !errors.Is(err, unix.ENOENT) {
+			break
+		}
 	}
 	return os.RemoveAll(dir)
 }

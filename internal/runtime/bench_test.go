@@ -3,7 +3,10 @@ package runtime_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -102,4 +105,59 @@ func BenchmarkExecTrue(b *testing.B) {
 		lat = append(lat, time.Since(t0))
 	}
 	reportLatency(b, "exec", lat)
+}
+
+// BenchmarkIdleFootprint creates b.N idle sandboxes and reports the
+// average PSS and private memory of their inits and the drop of
+// MemAvailable per sandbox (kernel objects included).
+func BenchmarkIdleFootprint(b *testing.B) {
+	e := newEnv(b)
+	ctx := context.Background()
+	avail := func() int64 {
+		v, _ := strconv.ParseInt(strings.Fields(procFieldB(b, "/proc/meminfo", "MemAvailable"))[0], 10, 64)
+		return v
+	}
+	a0 := avail()
+	var pids []int
+	for i := 0; i < b.N; i++ {
+		st, err := e.rt.Create(ctx, e.spec(fmt.Sprintf("idle%d", i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		pids = append(pids, st.Pid)
+	}
+	time.Sleep(time.Second)
+	a1 := avail()
+	var pss, priv int64
+	for _, pid := range pids {
+		f := "/proc/" + strconv.Itoa(pid) + "/smaps_rollup"
+		p, _ := strconv.ParseInt(strings.Fields(procFieldB(b, f, "Pss"))[0], 10, 64)
+		d, _ := strconv.ParseInt(strings.Fields(procFieldB(b, f, "Private_Dirty"))[0], 10, 64)
+		c, _ := strconv.ParseInt(strings.Fields(procFieldB(b, f, "Private_Clean"))[0], 10, 64)
+		pss += p
+		priv += d + c
+	}
+	n := int64(len(pids))
+	b.ReportMetric(float64(pss)/float64(n), "init-pss-kB")
+	b.ReportMetric(float64(priv)/float64(n), "init-private-kB")
+	b.ReportMetric(float64(a0-a1)/float64(n), "memavail-drop-kB/sandbox")
+	for i := range pids {
+		if err := e.rt.Destroy(ctx, fmt.Sprintf("idle%d", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func procFieldB(b testing.TB, path, key string) string {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, l := range strings.Split(string(raw), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && k == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	b.Fatalf("%s: no %s", path, key)
+	return ""
 }

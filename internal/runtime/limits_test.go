@@ -88,7 +88,7 @@ func TestMemoryBombIsOOMKilledInside(t *testing.T) {
 		t.Fatal(err)
 	}
 	if st.OOMKills == 0 {
-		t.Logf("stats report no OOM kill (%+v)", st)
+		t.Fatalf("stats report no OOM kill (%+v)", st)
 	}
 	if out := e.mustSh("membomb", "echo alive"); out != "alive\n" {
 		t.Fatalf("%q", out)

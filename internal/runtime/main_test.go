@@ -51,7 +51,9 @@ func newEnv(t testing.TB, opts ...runtime.Option) *env {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	rt, cg, parent := runtimetest.NewRuntime(t, opts...)
-	base, err := os.MkdirTemp("", "dsec-rt-")
+	// DSEC_TEST_DIR puts sandbox dirs on a chosen file system (benchmarks
+	// on a VM's slow /tmp mostly measure its metadata latency).
+	base, err := os.MkdirTemp(os.Getenv("DSEC_TEST_DIR"), "dsec-rt-")
 	if err != nil {
 		t.Fatal(err)
 	}

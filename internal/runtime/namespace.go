@@ -113,8 +113,9 @@ type NamespaceRuntime struct {
 	disks        *rootfs.DiskPool
 	null         *os.File
 
-	mu  sync.Mutex
-	sbs map[string]*sandbox
+	mu       sync.Mutex
+	sbs      map[string]*sandbox // ready sandboxes
+	creating map[string]bool     // ids reserved by a Create in progress
 }
 
 var _ Runtime = (*NamespaceRuntime)(nil)
@@ -147,7 +148,7 @@ func NewNamespaceRuntime(cg cgroups.Manager, opts ...Option) (*NamespaceRuntime,
 	r := &NamespaceRuntime{
 		cg: cg, log: slog.New(slog.DiscardHandler), shimPath: "/proc/self/exe",
 		cgroupParent: "dsec/sandboxes", caps: DefaultCaps, tmpSize: 256 << 20, shmSize: 64 << 20,
-		outputCap: DefaultOutputCap, sbs: map[string]*sandbox{},
+		outputCap: DefaultOutputCap, sbs: map[string]*sandbox{}, creating: map[string]bool{},
 	}
 	for _, o := range opts {
 		if err := o(r); err != nil {
@@ -238,6 +239,9 @@ func (r *NamespaceRuntime) filterFor(s Spec) ([]byte, error) {
 
 // Create starts the sandbox's init and returns once its root is ready.
 func (r *NamespaceRuntime) Create(ctx context.Context, spec Spec) (_ *State, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if err := validateSpec(&spec); err != nil {
 		return nil, err
 	}
@@ -250,38 +254,26 @@ func (r *NamespaceRuntime) Create(ctx context.Context, spec Spec) (_ *State, err
 	}
 	sb := &sandbox{id: spec.ID, dir: spec.Dir, env: spec.Env, filter: filter, netns: spec.NetNSPath,
 		userns: spec.AllowUserNS, createdAt: time.Now().UTC()}
-	// Reserve the id so concurrent creates of it fail fast.
+	// Reserve the id so concurrent creates of it fail fast; the sandbox
+	// becomes visible to other calls only once it is ready.
 	r.mu.Lock()
-	if r.sbs[spec.ID] != nil {
+	if r.sbs[spec.ID] != nil || r.creating[spec.ID] {
 		r.mu.Unlock()
 		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrAlreadyExists)
 	}
-	r.sbs[spec.ID] = sb
+	r.creating[spec.ID] = true
 	r.mu.Unlock()
 	var layout *rootfs.Layout
 	defer func() {
-		if err == nil {
-			return
+		if err != nil {
+			r.undoCreate(sb, layout)
 		}
 		r.mu.Lock()
-		delete(r.sbs, spec.ID)
+		delete(r.creating, spec.ID)
+		if err == nil {
+			r.sbs[spec.ID] = sb
+		}
 		r.mu.Unlock()
-		if sb.init != nil {
-			_ = sb.init.signal(unix.SIGKILL)
-			_ = sb.init.wait(context.Background())
-			sb.init.reap()
-			_ = sb.init.close()
-		}
-		if layout != nil {
-			_ = layout.Release()
-		}
-		if sb.group != nil {
-			_ = sb.group.Kill(context.Background())
-			_ = sb.group.Delete(context.Background())
-		}
-		if layout != nil {
-			_ = rootfs.Remove(spec.Dir)
-		}
 	}()
 
 	layout, err = rootfs.Prepare(ctx, spec.Dir, spec.Lower, spec.DiskBytes, r.disks)
@@ -352,6 +344,32 @@ func (r *NamespaceRuntime) Create(ctx context.Context, spec Spec) (_ *State, err
 		sb.upper = fmt.Sprintf("/proc/%d/fd/%d/%s", sb.init.pid, shim.FdConfig, rootfs.UpperName)
 	}
 	return sb.state(r.cgroupParent), nil
+}
+
+// undoCreate removes what a failed Create made, in reverse order.
+func (r *NamespaceRuntime) undoCreate(sb *sandbox, layout *rootfs.Layout) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if sb.init != nil {
+		_ = sb.init.signal(unix.SIGKILL)
+		_ = sb.init.wait(ctx)
+		sb.init.reap()
+		_ = sb.init.close()
+	}
+	if layout != nil {
+		_ = layout.Release()
+	}
+	if sb.group != nil {
+		_ = sb.group.Kill(ctx)
+		if err := sb.group.Delete(ctx); err != nil {
+			r.log.Warn("failed create: cgroup left behind", "id", sb.id, "err", err)
+		}
+	}
+	if layout != nil {
+		if err := rootfs.Remove(sb.dir); err != nil {
+			r.log.Warn("failed create: dir left behind", "id", sb.id, "err", err)
+		}
+	}
 }
 
 func (sb *sandbox) state(parent string) *State {
@@ -571,7 +589,7 @@ func (r *NamespaceRuntime) Adopt(ctx context.Context, st State) error {
 		return fmt.Errorf("state of %s is incomplete: %w", st.ID, errdefs.ErrInvalidArgument)
 	}
 	r.mu.Lock()
-	exists := r.sbs[st.ID] != nil
+	exists := r.sbs[st.ID] != nil || r.creating[st.ID]
 	r.mu.Unlock()
 	if exists {
 		return fmt.Errorf("sandbox %s: %w", st.ID, errdefs.ErrAlreadyExists)
@@ -605,7 +623,7 @@ func (r *NamespaceRuntime) Adopt(ctx context.Context, st State) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.sbs[st.ID] != nil {
+	if r.sbs[st.ID] != nil || r.creating[st.ID] {
 		_ = p.close()
 		return fmt.Errorf("sandbox %s: %w", st.ID, errdefs.ErrAlreadyExists)
 	}

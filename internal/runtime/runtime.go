@@ -1,8 +1,3 @@
-// Package runtime starts and runs sandboxes: namespaces, an overlay root, a
-// tiny init as PID 1, exec of processes inside, freeze/thaw and teardown.
-// It is mechanism only: no quotas, placement or policy. The namespace
-// runtime lives here; a micro-VM runtime can implement the same interface on
-// hosts with KVM.
 package runtime
 
 import (

@@ -3,12 +3,14 @@
 package sandboxfs
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path"
 	"slices"
 	"strconv"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -141,7 +143,10 @@ func (r *Root) ListDir(p string, depth int) ([]node.FileInfo, error) {
 // list appends the entries of the directory open as fd. It takes over fd
 // only for reading; the caller closes it.
 func (r *Root) list(fd int, abs string, depth int, out *[]node.FileInfo) error {
-	names, err := readNames(fd)
+	names, err := readNames(fd, r.maxEntries-len(*out))
+	if err == errTooMany {
+		return r.tooMany(abs)
+	}
 	if err != nil {
 		return wrap("list", abs, err)
 	}
@@ -155,7 +160,7 @@ func (r *Root) list(fd int, abs string, depth int, out *[]node.FileInfo) error {
 			return err
 		}
 		if len(*out) >= r.maxEntries {
-			return fmt.Errorf("sandboxfs: list %q: more than %d entries; ask for less depth: %w", abs, r.maxEntries, errdefs.ErrResourceExhausted)
+			return r.tooMany(abs)
 		}
 		*out = append(*out, *fi)
 		if !fi.IsDir || depth <= 1 {
@@ -180,13 +185,27 @@ func (r *Root) list(fd int, abs string, depth int, out *[]node.FileInfo) error {
 	return nil
 }
 
+func (r *Root) tooMany(abs string) error {
+	return fmt.Errorf("sandboxfs: list %q: more than %d entries; ask for less depth: %w", abs, r.maxEntries, errdefs.ErrResourceExhausted)
+}
+
+var direntBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// errTooMany is returned by readNames when a directory has more entries
+// than asked for.
+var errTooMany = errors.New("too many entries")
+
 // readNames returns the names in the directory open as fd, sorted,
-// without "." and "..".
-func readNames(fd int) ([]string, error) {
+// without "." and "..". With limit >= 0 it stops reading once it has more
+// than limit names and returns them (unsorted) with errTooMany, so a huge
+// directory is never read whole into memory.
+func readNames(fd, limit int) ([]string, error) {
 	if _, err := unix.Seek(fd, 0, io.SeekStart); err != nil {
 		return nil, err
 	}
-	buf := make([]byte, 32<<10)
+	bp := direntBufs.Get().(*[]byte)
+	defer direntBufs.Put(bp)
+	buf := *bp
 	var names []string
 	for {
 		n, err := unix.Getdents(fd, buf)
@@ -200,6 +219,9 @@ func readNames(fd int) ([]string, error) {
 			break
 		}
 		_, _, names = unix.ParseDirent(buf[:n], -1, names)
+		if limit >= 0 && len(names) > limit {
+			return names, errTooMany
+		}
 	}
 	slices.Sort(names)
 	return names, nil

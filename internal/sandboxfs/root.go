@@ -29,6 +29,14 @@ const DefaultMaxListEntries = 100_000
 // maxTreeDepth caps recursive Remove, which holds one descriptor per level.
 const maxTreeDepth = 1024
 
+// Recursive Remove reads a directory removeBatch names at a time, and
+// gives up on one that keeps refilling after maxRemovePasses batches.
+// Variables so tests can use small batches.
+var (
+	removeBatch     = 10_000
+	maxRemovePasses = 1 << 16
+)
+
 // Root is a sandbox's file system seen from the host through a directory
 // (typically /proc/<init pid>/root). It keeps that directory open, so it
 // stays valid whatever happens to the path, and resolves every path inside
@@ -311,12 +319,15 @@ func fileInfo(abs string, st *unix.Stat_t, target string) *node.FileInfo {
 	}
 }
 
-// unixMode converts a permission-only os.FileMode to mode bits.
+// unixMode converts a permission mode to mode bits. Set-id and sticky
+// bits are accepted both as os.FileMode flags and as raw 0o7000 bits, as
+// an HTTP caller sending "4755" produces.
 func unixMode(op, abs string, m os.FileMode) (uint32, error) {
-	if m&^(os.ModePerm|os.ModeSetuid|os.ModeSetgid|os.ModeSticky) != 0 {
+	const raw = unix.S_ISUID | unix.S_ISGID | unix.S_ISVTX
+	if m&^(os.ModePerm|os.ModeSetuid|os.ModeSetgid|os.ModeSticky|raw) != 0 {
 		return 0, fmt.Errorf("sandboxfs: %s %q: mode %v is not a permission mode: %w", op, abs, m, errdefs.ErrInvalidArgument)
 	}
-	u := uint32(m.Perm())
+	u := uint32(m) & (0o777 | raw)
 	if m&os.ModeSetuid != 0 {
 		u |= unix.S_ISUID
 	}

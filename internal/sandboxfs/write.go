@@ -126,16 +126,23 @@ func (r *Root) fill(fd int, abs string, rd io.Reader, uid, gid, perm uint32) (*n
 		}
 		return nil, fmt.Errorf("sandboxfs: write %q: reading the data: %w", abs, err)
 	}
-	// chown before chmod: chown clears set-id bits.
-	if err := unix.Fchown(fd, int(uid), int(gid)); err != nil {
+	// chown before chmod: chown clears set-id bits. Skipped when the
+	// owner is already right, which also lets an unprivileged agent work.
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
 		f.Close()
 		return nil, wrap("write", abs, err)
+	}
+	if st.Uid != uid || st.Gid != gid {
+		if err := unix.Fchown(fd, int(uid), int(gid)); err != nil {
+			f.Close()
+			return nil, wrap("write", abs, err)
+		}
 	}
 	if err := unix.Fchmod(fd, perm); err != nil {
 		f.Close()
 		return nil, wrap("write", abs, err)
 	}
-	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		f.Close()
 		return nil, wrap("write", abs, err)
@@ -241,9 +248,12 @@ func adoptDir(pfd int, base, abs string, perm uint32) (int, error) {
 	if err != nil {
 		return -1, wrap("mkdir", abs, err)
 	}
-	var parent unix.Stat_t
+	var parent, st unix.Stat_t
 	err = unix.Fstat(pfd, &parent)
 	if err == nil {
+		err = unix.Fstat(fd, &st)
+	}
+	if err == nil && (st.Uid != parent.Uid || st.Gid != parent.Gid) {
 		err = unix.Fchown(fd, int(parent.Uid), int(parent.Gid))
 	}
 	if err == nil {
@@ -314,10 +324,12 @@ func removeContents(dfd int, name, abs string, depth int) error {
 		return wrap("remove", abs, err)
 	}
 	defer unix.Close(fd)
-	// Repeat while entries appear under us, but not forever.
-	for pass := 0; pass < 8; pass++ {
-		names, err := readNames(fd)
-		if err != nil {
+	// Batches keep memory bounded in huge directories; each pass starts
+	// again from the top, which also picks up entries created meanwhile,
+	// but not forever.
+	for pass := 0; pass < maxRemovePasses; pass++ {
+		names, err := readNames(fd, removeBatch)
+		if err != nil && err != errTooMany {
 			return wrap("remove", abs, err)
 		}
 		if len(names) == 0 {

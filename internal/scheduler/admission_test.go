@@ -140,9 +140,9 @@ func TestCapacity(t *testing.T) {
 			fits: 4, limiting: ResourceMemory, per: map[string]int{ResourceCPU: 80, ResourceMemory: 4},
 		},
 		{
-			name:  "pids and cap",
-			node:  NodeUsage{CPUs: 2, MemoryTotal: 24 * gib, PidsMax: 1000, PidsUsed: 900, Sandboxes: 8},
-			shape: Shape{CPU: 0.1, MemoryBytes: 64 << 20, Pids: 30},
+			name:   "pids and cap",
+			node:   NodeUsage{CPUs: 2, MemoryTotal: 24 * gib, PidsMax: 1000, PidsUsed: 900, Sandboxes: 8},
+			shape:  Shape{CPU: 0.1, MemoryBytes: 64 << 20, Pids: 30},
 			policy: func() Policy { p := DefaultPolicy(); p.MaxSandboxes = 20; return p }(),
 			fits:   3, limiting: ResourcePids, per: map[string]int{ResourceCPU: 80, ResourceMemory: 376, ResourcePids: 3, ResourceSandboxes: 12},
 		},

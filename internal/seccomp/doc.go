@@ -33,7 +33,8 @@
 // as i386 via int $0x80, kills the process: 32-bit binaries do not run in
 // sandboxes); a syscall number with the x32 bit (0x40000000) kills the
 // process, except -1, which gets ENOSYS as the kernel would; then the
-// rules below; then allow.
+// rules below; then allow. vm86 and vm86old exist only in the i386
+// table, so the arch check is what blocks them.
 //
 // Argument checks compare only the low 32 bits, because the kernel
 // ignores the upper half of these arguments (clone flags are truncated by

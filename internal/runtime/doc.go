@@ -1,0 +1,50 @@
+// Package runtime starts and runs sandboxes: namespaces, an overlay root, a
+// tiny init as PID 1, exec of processes inside, freeze/thaw and teardown.
+// It is mechanism only: no quotas, placement or policy. Runtime is the
+// interface; NamespaceRuntime implements it with Linux namespaces (a
+// micro-VM runtime can implement the same interface on hosts with KVM).
+//
+// # Processes
+//
+// Neither the init nor the exec helper is a Go program: both are the C shim
+// of package shim, linked into the dsec binary and started as
+// /proc/self/exe with _DSEC_SHIM set, so it runs from an ELF constructor
+// before the Go runtime exists. An idle sandbox then costs ~100 kB of
+// private memory for its init instead of ~1 MB for a Go init, and an exec
+// does not pay the Go runtime's start-up.
+//
+// Create: rootfs.Prepare makes the sandbox dir (upper and work, or a disk
+// image on a loop device), the cgroup is created, and the init is started
+// with clone flags NEWNS|NEWPID|NEWUTS|NEWIPC (+NEWNET unless a prepared
+// netns is joined) and its own session. It waits on a sync pipe until it is
+// in its cgroup, then unshares its cgroup namespace, mounts the overlay on
+// the sandbox dir inside its private mount namespace (nothing is added to
+// the host's mount table; layers are named by /proc/self/fd paths so the
+// sandbox's mountinfo shows nothing of the host's layout), builds /dev,
+// /proc (with masked and read-only paths), /sys (read-only) and /tmp,
+// pivots, brings lo up, drops capabilities, sets no_new_privs, becomes
+// non-dumpable, installs the seccomp filter, wipes its environment, closes
+// every inherited descriptor and reports ready. Then it only reaps.
+//
+// Exec: an exec shim is started with the init's pidfd. It joins the
+// sandbox's cgroup and pid namespace, forks the process (which joins the
+// other namespaces, switches user, drops capabilities and installs seccomp
+// last), and pumps stdout and stderr both to the server and into capped
+// log files under <Dir>/execs/<execID>/ (the tail is kept by rotating two
+// halves). It kills the process group at the timeout and writes
+// result.json when the process ends. Shims and inits are in their own
+// sessions with no parent-death signal: they outlive the server, which
+// re-attaches with Adopt and reads results with ExecResult.
+//
+// Waiting uses pidfds registered with Go's poller, so thousands of idle
+// sandboxes do not hold thousands of threads in wait4.
+//
+// Destroy kills PID 1 (the kernel then kills the whole pid namespace; its
+// mounts and a disk's loop device go with the last reference), kills what
+// is left in the cgroup (exec shims), deletes the cgroup and the dir.
+//
+// Disk limits: see package rootfs. DiskBytes == 0 means no separate file
+// system: the upper lives on the data dir's file system.
+//
+// Not supported yet: Process.Tty (ErrNotImplemented).
+package runtime
