@@ -1,5 +1,6 @@
 # dsec: see README.md. Everything here runs as root on Linux.
-GO      ?= go
+GO      ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+export PATH := $(dir $(GO)):$(PATH)
 BIN     := bin/dsec
 export GOFLAGS := -mod=mod
 

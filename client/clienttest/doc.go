@@ -8,6 +8,7 @@
 // synthetic and deterministic (MemAvailable drops by MemPerSandbox for each
 // live sandbox) so callers can assert on what they compute from them.
 //
-// Handler serves the native HTTP contract over any api.Service, so SDK
-// tests exercise the same wire format the real server speaks.
+// NewServer puts a Service behind the real HTTP face (api.NewHandler), so
+// SDK, CLI and Python tests exercise exactly the wire format, validation
+// and auth the real server has; only the control plane underneath is fake.
 package clienttest

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/dsec-dev/dsec/internal/api"
 )
 
 // Server is a running test server.
@@ -25,7 +27,8 @@ type ServerOptions struct {
 	Images []string
 }
 
-// NewServer starts a Service behind Handler and stops it (and kills its
+// NewServer starts a Service behind the real API handler (api.NewHandler)
+// and stops it (and kills its
 // execs and removes its sandbox roots) when the test ends.
 func NewServer(t testing.TB, opts ServerOptions) *Server {
 	t.Helper()
@@ -34,7 +37,10 @@ func NewServer(t testing.TB, opts ServerOptions) *Server {
 	for _, img := range opts.Images {
 		svc.AddImage(img)
 	}
-	hs := httptest.NewUnstartedServer(Handler(svc, HandlerOptions{RequireAuth: !opts.Unix}))
+	hs := httptest.NewUnstartedServer(api.NewHandler(svc))
+	// As in `dsec serve`: callers on the unix socket are the admin, TCP
+	// callers need a bearer token.
+	hs.Config.ConnContext = api.ConnContext
 	s := &Server{HTTP: hs, Service: svc}
 	if opts.Unix {
 		sock := filepath.Join(dir, "dsec.sock")

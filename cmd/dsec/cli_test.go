@@ -320,7 +320,7 @@ func TestCLIImages(t *testing.T) {
 	if out := ok(t, "image", "gc"); !strings.Contains(out, "removed") {
 		t.Fatalf("gc: %q", out)
 	}
-	if _, errOut, code := cli(t, "", "image", "pull", "docker.io/library/alpine"); code != 1 || !strings.Contains(errOut, "does not support pulling") {
+	if _, errOut, code := cli(t, "", "image", "pull", "docker.io/library/alpine"); code != 1 || !strings.Contains(errOut, "use `dsec image import`") {
 		t.Fatalf("pull: %d %q", code, errOut)
 	}
 	_ = srv

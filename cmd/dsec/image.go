@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dsec-dev/dsec/client"
+	"github.com/dsec-dev/dsec/internal/errdefs"
 )
 
 func newImageCmd(a *app) *cobra.Command {
@@ -384,10 +385,11 @@ func newImagePullCmd(a *app) *cobra.Command {
 			defer p.done()
 			img, err := c.PullImage(cmd.Context(), args[0], public, p.server)
 			if err != nil {
-				// A mux 404/405 carries no code: the route itself is missing.
-				var ce *client.Error
-				if errors.As(err, &ce) && ce.Code == "" && (ce.StatusCode == 404 || ce.StatusCode == 405) {
-					return fmt.Errorf("pull %s: this server does not support pulling; use `dsec image import`: %w", args[0], err)
+				// Pulling is an extension of the contract: say what to do
+				// instead when the server lacks it (404 for the route, 405,
+				// or 501).
+				if client.IsNotFound(err) || errors.Is(err, errdefs.ErrNotImplemented) || client.StatusCode(err) == 405 {
+					return fmt.Errorf("pull %s: %w (if this server cannot pull, use `dsec image import`)", args[0], err)
 				}
 				return err
 			}

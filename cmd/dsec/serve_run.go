@@ -131,7 +131,11 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 		sbs, _ := agent.ListSandboxes(ctx)
 		refs := make([]string, 0, len(sbs))
 		for _, sb := range sbs {
-			refs = append(refs, sb.Spec.Image)
+			if sb.ImagePinned != "" {
+				refs = append(refs, sb.ImagePinned)
+			} else {
+				refs = append(refs, sb.Spec.Image)
+			}
 		}
 		return refs
 	}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"io"
 	"strconv"
+	"strings"
 
 	"github.com/dsec-dev/dsec/internal/api"
 	"github.com/dsec-dev/dsec/internal/blob"
@@ -37,7 +38,8 @@ func (l layerLeases) Sync(ctx context.Context, live []string) error {
 type images struct {
 	st     *image.Store
 	layerd *layerd.Client
-	// inUse lists the image refs live sandboxes run on (GC keeps them).
+	// inUse lists the pinned image versions live sandboxes run on (GC
+	// keeps them). On a shared blob store it must cover every node.
 	inUse func(ctx context.Context) []string
 }
 
@@ -47,10 +49,10 @@ var (
 	_ api.ImageManager    = (*images)(nil)
 )
 
-func (im *images) ResolveLayers(ctx context.Context, ref string) ([]string, error) {
+func (im *images) ResolveImage(ctx context.Context, ref string) (string, []string, error) {
 	img, err := im.st.Resolve(ctx, ref)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	ds := img.LayerDigests()
 	if im.layerd != nil {
@@ -61,7 +63,16 @@ func (im *images) ResolveLayers(ctx context.Context, ref string) ([]string, erro
 	for i, d := range ds {
 		out[i] = string(d)
 	}
-	return out, nil
+	return pinnedRef(img), out, nil
+}
+
+// pinnedRef names exactly this image version: NAME@sha256:....
+func pinnedRef(img *image.Image) string {
+	name, _, _ := strings.Cut(img.Ref, "@")
+	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
+		name = name[:i]
+	}
+	return name + "@" + string(img.Digest)
 }
 
 func (im *images) CommitUpper(ctx context.Context, baseRef, upperDir, newRef string) (string, error) {

@@ -49,7 +49,11 @@ func (s *ControlPlane) watchExec(a node.Agent, info node.ExecInfo) {
 		}
 		return
 	}
-	s.metrics.execSeconds.Observe(time.Since(start).Seconds())
+	d := time.Since(start)
+	if res != nil && res.Duration > 0 {
+		d = res.Duration // the node's own measure, start to exit
+	}
+	s.metrics.execSeconds.Observe(d.Seconds())
 	info.Running, info.Result = false, res
 	if err := s.st.Put(s.bg, store.BucketExecs, execKey(info.SandboxID, info.ExecID), info); err != nil {
 		s.log.Warn("recording exec result", "sandbox", info.SandboxID, "exec", info.ExecID, "err", err)

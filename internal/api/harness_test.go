@@ -128,7 +128,7 @@ func (f *fakeImages) Stats(ctx context.Context, ref string) (*ImageStats, error)
 // env is a control plane on a bbolt store and a fake node, served over
 // httptest (TCP: tokens required).
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	cfg    Config
 	st     store.Store
 	node   *nodetest.Fake
@@ -139,7 +139,7 @@ type env struct {
 	admin  string // admin token
 }
 
-func newEnv(t *testing.T, mod ...func(*Config)) *env {
+func newEnv(t testing.TB, mod ...func(*Config)) *env {
 	t.Helper()
 	dir := t.TempDir()
 	st, err := bolt.Open(filepath.Join(dir, "state.db"), bolt.WithNoSync())
@@ -182,7 +182,7 @@ func (e *env) start() {
 		e.t.Fatal(err)
 	}
 	e.svc = svc
-	e.srv = httptest.NewServer(NewHandler(svc, WithMetricsRegistry(svc.Registry())))
+	e.srv = httptest.NewServer(NewHandler(svc))
 	e.t.Cleanup(e.stop)
 }
 

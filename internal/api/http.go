@@ -30,7 +30,8 @@ type handlerConfig struct {
 }
 
 // WithMetricsRegistry serves /metrics from reg and registers the API
-// request counters there (use ControlPlane.Registry()).
+// request counters there. By default a Service with a Registry method
+// (ControlPlane) provides it.
 func WithMetricsRegistry(reg *prometheus.Registry) HandlerOption {
 	return func(c *handlerConfig) { c.reg = reg }
 }
@@ -85,7 +86,12 @@ func NewHandler(svc Service, opts ...HandlerOption) http.Handler {
 		h.cfg.log = slog.New(slog.DiscardHandler)
 	}
 	if h.cfg.reg == nil {
-		h.cfg.reg = prometheus.NewRegistry()
+		// A Service that keeps metrics (ControlPlane) serves them by default.
+		if rs, ok := svc.(interface{ Registry() *prometheus.Registry }); ok {
+			h.cfg.reg = rs.Registry()
+		} else {
+			h.cfg.reg = prometheus.NewRegistry()
+		}
 	}
 	h.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "dsec_api_requests_total", Help: "API requests by route and status code.",

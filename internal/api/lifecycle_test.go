@@ -303,7 +303,9 @@ func TestRestartReconciles(t *testing.T) {
 	if info.Result == nil || info.Result.ExitCode != 7 {
 		t.Fatalf("exec result after restart: %+v", info)
 	}
-	var res struct{ ExitCode int `json:"exit_code"` }
+	var res struct {
+		ExitCode int `json:"exit_code"`
+	}
 	e.doJSON("GET", "/v1/sandboxes/"+lost.ID+"/execs/"+r.execID+"/wait", alice, nil, http.StatusOK, &res)
 	if res.ExitCode != 7 {
 		t.Fatalf("wait after restart: %+v", res)

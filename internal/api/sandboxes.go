@@ -90,7 +90,10 @@ func (s *ControlPlane) create(ctx context.Context, c Caller, spec *node.SandboxS
 		s.undoCreate(ctx, agent, spec.ID, true)
 		return nil, fmt.Errorf("recording sandbox %s: %w", spec.ID, err)
 	}
-	s.touch(ctx, spec.ID)
+	// The record already holds now as last activity: no second write.
+	s.actMu.Lock()
+	s.activity[spec.ID], s.persisted[spec.ID] = now, now
+	s.actMu.Unlock()
 	s.metrics.creations.Inc()
 	s.metrics.createSeconds.Observe(time.Since(start).Seconds())
 	return s.view(out), nil

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/dsec-dev/dsec/internal/blob"
 	"github.com/dsec-dev/dsec/internal/blob/blobtest"
@@ -93,5 +94,36 @@ func BenchmarkDirStoreReadAt(b *testing.B) {
 		if _, err := s.ReadAt(context.Background(), info.Digest, p, 0); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestDirStorePutRefreshes: re-putting an existing blob bumps its ModTime,
+// which a GC grace period relies on to spare blobs a writer reuses.
+func TestDirStorePutRefreshes(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, err := blob.NewDirStore(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := []byte("reused chunk")
+	info, err := s.Put(ctx, "", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-48 * time.Hour)
+	name := filepath.Join(root, "sha256", info.Digest.Hex()[:2], info.Digest.Hex())
+	if err := os.Chtimes(name, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(ctx, info.Digest, bytes.NewReader(b)); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Stat(ctx, info.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if time.Since(st.ModTime) > time.Minute {
+		t.Fatalf("ModTime after re-Put = %v, not refreshed", st.ModTime)
 	}
 }

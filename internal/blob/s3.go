@@ -44,8 +44,9 @@ type S3Config struct {
 	// CreateBucket makes the bucket when it does not exist.
 	CreateBucket bool
 	// RefreshAge: a Put of an existing object older than this re-uploads
-	// it to refresh its LastModified (S3 has no touch), so GC grace periods
-	// shorter than it never drop a blob a writer just reused. 0 = 1h.
+	// it to refresh its LastModified (S3 has no touch), so a GC whose grace
+	// period exceeds RefreshAge plus the writer's run never drops a blob a
+	// writer reused. 0 = 10 min.
 	RefreshAge time.Duration
 }
 
@@ -111,7 +112,7 @@ func NewS3Store(ctx context.Context, cfg S3Config) (*S3Store, error) {
 	}
 	ra := cfg.RefreshAge
 	if ra <= 0 {
-		ra = time.Hour
+		ra = 10 * time.Minute
 	}
 	ps := cfg.PartSize
 	if ps == 0 {

@@ -96,7 +96,13 @@ func enableIn(dir string) error {
 	if len(add) == 0 {
 		return nil
 	}
-	return writeFile(dir, "cgroup.subtree_control", strings.Join(add, " "))
+	err = writeFile(dir, "cgroup.subtree_control", strings.Join(add, " "))
+	if errors.Is(err, syscall.EBUSY) {
+		// v2's no-internal-process rule: a non-root group holding
+		// processes cannot delegate controllers to children.
+		return fmt.Errorf("cgroups: %s holds processes, so it cannot delegate controllers to child groups: %w", dir, errdefs.ErrFailedPrecondition)
+	}
+	return err
 }
 
 // New creates the group (and missing parents, enabling controllers in

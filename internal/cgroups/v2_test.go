@@ -550,3 +550,31 @@ func TestOptions(t *testing.T) {
 		t.Errorf("bad poll interval: %v", err)
 	}
 }
+
+// A knob the kernel lacks fails New, and the half-made group is removed.
+func TestV2NewRollsBack(t *testing.T) {
+	root := fakeV2Root(t, "cpu memory pids")
+	noIdle := func(o *options) error {
+		mk := o.mkdir
+		o.mkdir = func(dir string) error {
+			if err := mk(dir); err != nil {
+				return err
+			}
+			return os.Remove(filepath.Join(dir, "cpu.idle"))
+		}
+		return nil
+	}
+	m, err := NewV2(root, fakeKernel, noIdle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.New(context.Background(), "g", Resources{CPUIdle: true}); !errdefs.IsNotImplemented(err) {
+		t.Fatalf("New with CPUIdle and no cpu.idle: %v", err)
+	}
+	if exists(filepath.Join(root, "g")) {
+		t.Fatal("failed New left the group directory")
+	}
+	if _, err := m.New(context.Background(), "g", Resources{}); err != nil {
+		t.Fatalf("New after the failed one: %v", err)
+	}
+}

@@ -10,10 +10,13 @@ import (
 )
 
 // DefaultGCGrace is how old an unreferenced blob must be before GC removes
-// it. It protects imports running in other processes or on other nodes
-// sharing the blob store: they write chunks before the tag that references
-// them, and re-Put (refreshing) chunks they reuse.
-const DefaultGCGrace = 10 * time.Minute
+// it. It protects imports and commits running in other processes or on
+// other nodes sharing the blob store: they write chunks before the tag
+// that references them, and re-Put (refreshing ModTime of) chunks they
+// reuse. So it must exceed the longest import plus the S3 store's
+// RefreshAge (10 min by default). Within one process GC and writers also
+// exclude each other, so WithGracePeriod(0) is safe on a private store.
+const DefaultGCGrace = time.Hour
 
 // GCResult reports what a GC did.
 type GCResult struct {

@@ -71,11 +71,14 @@ type SandboxSpec struct {
 
 // Sandbox is the node's view of one sandbox.
 type Sandbox struct {
-	Spec         SandboxSpec   `json:"spec"`
-	ID           string        `json:"id"`
-	Node         string        `json:"node"`
-	State        string        `json:"state"`
-	Reason       string        `json:"reason,omitempty"` // why dead
+	Spec   SandboxSpec `json:"spec"`
+	ID     string      `json:"id"`
+	Node   string      `json:"node"`
+	State  string      `json:"state"`
+	Reason string      `json:"reason,omitempty"` // why dead
+	// ImagePinned is the exact image version (NAME@sha256:...) the sandbox
+	// started from; snapshots build on it and GC keeps it.
+	ImagePinned  string        `json:"image_pinned,omitempty"`
 	CreatedAt    time.Time     `json:"created_at"`
 	LastActivity time.Time     `json:"last_activity"`
 	Runtime      runtime.State `json:"runtime"`

@@ -10,9 +10,11 @@ import (
 // here, next to its consumer, and implemented by a mechanism package that
 // knows nothing of the agent; cmd/dsec wires them together.
 
-// ImageResolver maps an image reference to its layers, bottom-first.
+// ImageResolver maps an image reference to the exact version it names now
+// (a pinned reference such as NAME@sha256:..., which later tag moves do not
+// change) and its layers, bottom-first.
 type ImageResolver interface {
-	ResolveLayers(ctx context.Context, ref string) ([]string, error)
+	ResolveImage(ctx context.Context, ref string) (pinned string, layers []string, err error)
 }
 
 // LayerProvider makes a layer available as a read-only directory shared by

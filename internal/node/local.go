@@ -377,10 +377,15 @@ func (l *Local) CreateSandbox(ctx context.Context, spec SandboxSpec) (*Sandbox, 
 }
 
 func (l *Local) acquireLayers(ctx context.Context, sb *sandbox) ([]string, error) {
-	layers, err := l.deps.Images.ResolveLayers(ctx, sb.rec.Spec.Image)
+	ref := sb.rec.Spec.Image
+	if sb.rec.ImagePinned != "" {
+		ref = sb.rec.ImagePinned
+	}
+	pinned, layers, err := l.deps.Images.ResolveImage(ctx, ref)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", sb.rec.Spec.Image, err)
 	}
+	sb.rec.ImagePinned = pinned
 	lower := make([]string, len(layers))
 	id := sb.rec.ID
 	for i, ly := range layers {
@@ -626,7 +631,11 @@ func (l *Local) Snapshot(ctx context.Context, id, imageRef string) (string, erro
 		}
 		defer func() { _ = l.deps.Runtime.Resume(context.WithoutCancel(ctx), id) }()
 	}
-	return l.deps.Committer.CommitUpper(ctx, sb.rec.Spec.Image, upper, imageRef)
+	base := sb.rec.ImagePinned
+	if base == "" {
+		base = sb.rec.Spec.Image
+	}
+	return l.deps.Committer.CommitUpper(ctx, base, upper, imageRef)
 }
 
 // forkImage snapshots the source into a hidden image version that the forks

@@ -151,11 +151,16 @@ func TestAccountingRealV1(t *testing.T) {
 	g := v1Group(t, cgroups.Resources{MemoryLimit: 1 << 30})
 	file := diskFile(t, int(32*mib))
 	h := startHelper(t, g, "ALLOC_MIB=64", "READ_FILE="+file)
-	st, err := g.Stats()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := MemoryOf(st, false)
+	// memcg statistics are flushed lazily (within ~2s).
+	var m Memory
+	waitUntil(t, "stats show the allocations", 5*time.Second, func() bool {
+		st, err := g.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m = MemoryOf(st, false)
+		return m.Anon >= 64*mib && m.File >= 32*mib
+	})
 	t.Logf("held %d anon %d file %d kernel %d reclaimable %d", m.Held>>20, m.Anon>>20, m.File>>20, m.Kernel>>20, m.Reclaimable>>20)
 	// The Go runtime of the helper adds a few MiB of its own anon memory.
 	within := func(name string, got, lo, hi int64) {

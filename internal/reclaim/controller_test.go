@@ -373,3 +373,34 @@ func readString(t *testing.T, dir, file string) string {
 	}
 	return string(b)
 }
+
+func TestControllerRun(t *testing.T) {
+	calls := make(chan struct{}, 100)
+	src := SourceFunc(func(context.Context) ([]Sandbox, error) {
+		calls <- struct{}{}
+		return nil, nil
+	})
+	c, err := NewController(src, nil, Config{Interval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	for i := 0; i < 3; i++ {
+		select {
+		case <-calls:
+		case <-time.After(5 * time.Second):
+			t.Fatal("Run does not tick")
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not stop with its context")
+	}
+}

@@ -24,10 +24,13 @@ func TestWarmFilesChargesImageCache(t *testing.T) {
 	if res.Files != 1 || res.Bytes != 32*mib || len(res.Failed) != 1 || res.Failed["/nonexistent/dsec"] == "" {
 		t.Fatalf("result %+v", res)
 	}
-	cs, _ := cache.Stats()
-	if int64(cs.File) < 32*mib {
-		t.Fatalf("image-cache group holds %d MiB of page cache, want >= 32", cs.File>>20)
-	}
+	// memcg statistics are flushed lazily (up to ~2s): allow for that,
+	// and for a few pages that other activity may have cached first.
+	var cs *cgroups.Stats
+	waitUntil(t, "image-cache group holds the layer", 5*time.Second, func() bool {
+		cs, _ = cache.Stats()
+		return cs != nil && int64(cs.File) >= 30*mib
+	})
 	if p, _ := cache.Procs(); len(p) != 0 {
 		t.Fatalf("reader still in the image-cache group: %v", p)
 	}

@@ -174,3 +174,36 @@ func TestAdoptInProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestExecShimKilled: an exec whose shim dies without recording a result
+// is reported as unavailable, not as running forever.
+func TestExecShimKilled(t *testing.T) {
+	e := newEnv(t)
+	e.create("shimkill")
+	ex, err := e.rt.Start(context.Background(), "shimkill", runtime.Process{Args: []string{"sleep", "30"}}, runtime.IO{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, done, err := e.rt.ExecResult("shimkill", ex.ID()); done || err != nil {
+		t.Fatalf("running exec: done %v err %v", done, err)
+	}
+	b, err := os.ReadFile(filepath.Join(e.base, "shimkill", "execs", ex.ID(), "result.json.tmp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	var start uint64
+	if _, err := fmt.Sscanf(string(b), "running %d %d", &pid, &start); err != nil {
+		t.Fatalf("%q: %v", b, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ex.Wait(context.Background()); !errdefs.IsUnavailable(err) {
+		t.Fatalf("wait: %v", err)
+	}
+	if _, _, err := e.rt.ExecResult("shimkill", ex.ID()); !errdefs.IsUnavailable(err) {
+		t.Fatalf("ExecResult: %v", err)
+	}
+	_ = ex.Signal(syscall.SIGKILL)
+}

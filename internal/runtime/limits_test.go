@@ -197,6 +197,8 @@ func TestCreateInvalid(t *testing.T) {
 		{"disk without pool", func(s *runtime.Spec) { s.DiskBytes = 64 << 20 }, errdefs.ErrFailedPrecondition},
 		{"missing netns", func(s *runtime.Spec) { s.NetNSPath = "/nonexistent/netns" }, errdefs.ErrInvalidArgument},
 		{"netns not a namespace", func(s *runtime.Spec) { s.NetNSPath = notNS.Name() }, errdefs.ErrInvalidArgument},
+		// Passes validation; the init itself fails and everything is undone.
+		{"netns of another type", func(s *runtime.Spec) { s.NetNSPath = "/proc/1/ns/uts" }, errdefs.ErrInvalidArgument},
 		{"bad resources", func(s *runtime.Spec) { s.Resources = cgroups.Resources{CPUWeight: 1 << 40} }, errdefs.ErrInvalidArgument},
 		{"duplicate id", func(s *runtime.Spec) { s.ID = "dup" }, errdefs.ErrAlreadyExists},
 	}

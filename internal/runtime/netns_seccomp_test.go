@@ -10,6 +10,7 @@ import (
 
 	"github.com/dsec-dev/dsec/internal/runtime"
 	"github.com/dsec-dev/dsec/internal/runtime/runtimetest"
+	"github.com/dsec-dev/dsec/internal/seccomp"
 )
 
 func TestJoinPreparedNetNS(t *testing.T) {
@@ -62,4 +63,25 @@ func TestSeccompFilter(t *testing.T) {
 	}
 	// Other calls work.
 	e.mustSh("sec1", "echo x > /tmp/y && cat /tmp/y")
+}
+
+// TestDefaultSeccompProfile runs a sandbox under the project's real
+// profile: ordinary work succeeds, user namespaces are refused unless the
+// spec allows them.
+func TestDefaultSeccompProfile(t *testing.T) {
+	e := newEnv(t, runtime.WithSeccomp(func(s runtime.Spec) ([]unix.SockFilter, error) {
+		return seccomp.DefaultFilter(seccomp.Options{AllowUserNS: s.AllowUserNS})
+	}))
+	e.create("prof1")
+	e.create("prof2", func(s *runtime.Spec) { s.AllowUserNS = true })
+	out := e.mustSh("prof1", "mkdir -p /tmp/a/b && echo x > /tmp/a/b/f && cat /tmp/a/b/f && ps -o comm | grep -c init && sleep 0.01 && date +%Y >/dev/null && echo ok")
+	if out != "x\n1\nok\n" {
+		t.Fatalf("%q", out)
+	}
+	if r := e.sh("prof1", "unshare -U true 2>&1"); r.ExitCode == 0 {
+		t.Fatalf("user namespace allowed: %q", r.stdout)
+	}
+	if r := e.sh("prof2", "unshare -U true 2>&1"); r.ExitCode != 0 {
+		t.Fatalf("user namespace refused although allowed: %q", r.stdout)
+	}
 }

@@ -9,6 +9,7 @@ a missing or unreachable server into a failure.
 import io
 import os
 import sys
+import tarfile
 import threading
 import time
 import unittest
@@ -129,6 +130,25 @@ class TestSandboxes(ServerTest):
             self.client.remove_image(ref)
         except dsec.NotFound:
             pass
+
+    def test_import_image_upload(self):
+        # A tiny root file-system tar, streamed from a file object.
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for name, data in (("etc/hostname", b"pytest\n"), ("srv/data.bin", os.urandom(200 << 10))):
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(data), 0o644
+                tf.addfile(info, io.BytesIO(data))
+        buf.seek(0)
+        ref = "pytest-import-%s:v1" % self.run_label
+        frames = []
+        img = self.client.import_image(ref, data=buf, progress=frames.append)
+        self.addCleanup(lambda: self._remove_image(ref))
+        self.assertEqual(img["name"], ref)
+        self.assertTrue(frames, "no progress frames")
+        self.assertEqual(self.client.image(ref)["name"], ref)
+        with self.assertRaises(dsec.InvalidArgument):
+            self.client.import_image(ref)  # neither path nor data
 
     def test_nodes_and_capacity(self):
         nodes = self.client.nodes()

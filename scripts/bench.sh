@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# bench.sh: dsec's benchmarks beside this machine's physical limits, in one
+# run (root). The raw C reference is ../shared/limits/sbx.c (a sandbox with
+# the same namespaces, overlay, cgroups and a static init, and nothing else).
+# Output: a markdown block to paste into docs/perf.md with the figures.
+#   BENCH_N=300 BENCH_DENSITY_N=1000 scripts/bench.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${BENCH_N:-300}
+DN=${BENCH_DENSITY_N:-1000}
+LIMITS=${DSEC_LIMITS_DIR:-$PWD/../shared/limits}
+make -s build
+BIN=$PWD/bin/dsec
+work=$(mktemp -d /tmp/dsec-bench.XXXXXX)
+server=
+cleanup() {
+  set +e
+  if [ -n "$server" ]; then
+    "$BIN" sandbox ls --json 2>/dev/null | python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)]' | xargs -r -n 50 "$BIN" sandbox rm >/dev/null 2>&1
+    kill "$server"; wait "$server"
+    "$BIN" layerd-stop --data-dir "$work/data" --force
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+scripts/mkrootfs.sh "$work/rootfs" >/dev/null
+
+echo "### $(date -u +%Y-%m-%d) on $(nproc) cores, kernel $(uname -r)"
+echo
+if [ -f "$LIMITS/sbx.c" ]; then
+  gcc -Os -static -o "$work/pause" "$LIMITS/pause.c"
+  gcc -O2 -o "$work/sbx" "$LIMITS/sbx.c" -lpthread
+  mkdir -p "$work/refroot/sbin" "$work/refrun"
+  cp -a "$work/rootfs/." "$work/refroot/"
+  cp "$work/pause" "$work/refroot/sbin/pause"
+  echo "Raw C reference: \`sbx -n $N -p 2 -F\` (same run):"
+  echo '```'
+  "$work/sbx" -n "$N" -p 2 -r "$work/refroot" -d "$work/refrun" -F 2>&1 | tail -n 25
+  echo '```'
+else
+  echo "(no $LIMITS/sbx.c: raw reference skipped)"
+fi
+
+export DSEC_ADDR="unix://$work/dsec.sock"
+"$BIN" serve --data-dir "$work/data" --listen "$DSEC_ADDR" --log-level warn >"$work/serve.log" 2>&1 &
+server=$!
+for _ in $(seq 100); do [ -S "$work/dsec.sock" ] && break; sleep 0.1; done
+"$BIN" image import bench:1 "$work/rootfs" >/dev/null
+run() { echo "\`dsec $*\`:"; echo '```'; "$BIN" "$@"; echo '```'; }
+run bench create --n "$N" --parallel 2 --image bench:1 --json
+run bench exec --n "$((N * 2))" --parallel 1 --image bench:1 --json
+run bench exec --n "$((N * 2))" --parallel 2 --image bench:1 --json
+run bench density --n "$DN" --parallel 2 --image bench:1 --json
