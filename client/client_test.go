@@ -324,7 +324,7 @@ func TestSignalAndWaitExec(t *testing.T) {
 	if err != nil || !info.Running {
 		t.Fatalf("get exec: %+v %v", info, err)
 	}
-	if err := c.SignalExec(t.Context(), id, s.ExecID, 15); err != nil {
+	if err := s.Signal(t.Context(), 15); err != nil {
 		t.Fatal(err)
 	}
 	res, err := c.WaitExec(t.Context(), id, s.ExecID)

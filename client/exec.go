@@ -35,6 +35,7 @@ type ExecSession struct {
 	Pid    int
 
 	sandboxID string
+	c         *Client
 	resp      *http.Response
 	dec       *json.Decoder
 	stdin     *stdinReader
@@ -96,7 +97,7 @@ func (c *Client) StartExec(ctx context.Context, req ExecRequest, stdin io.Reader
 		sr.stop()
 		return nil, err
 	}
-	s := &ExecSession{sandboxID: req.SandboxID, resp: resp, dec: json.NewDecoder(resp.Body), stdin: sr}
+	s := &ExecSession{sandboxID: req.SandboxID, c: c, resp: resp, dec: json.NewDecoder(resp.Body), stdin: sr}
 	var f execFrame
 	if err := s.dec.Decode(&f); err != nil {
 		s.Close()
@@ -154,6 +155,11 @@ func (s *ExecSession) Wait(stdout, stderr io.Writer) (*ExecResult, error) {
 		}
 		// Unknown frames are skipped so newer servers can add kinds.
 	}
+}
+
+// Signal sends a signal to the running process (e.g. 2 on Ctrl-C).
+func (s *ExecSession) Signal(ctx context.Context, signal int) error {
+	return s.c.SignalExec(ctx, s.sandboxID, s.ExecID, signal)
 }
 
 // Close abandons the output stream and stops sending stdin.

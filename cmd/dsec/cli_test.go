@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -448,5 +449,44 @@ func TestCLITop(t *testing.T) {
 	}
 	if strings.Contains(out, "\033[") {
 		t.Error("--once frame contains terminal escapes")
+	}
+}
+
+// TestCLIExecInterrupt delivers a real SIGINT to the CLI while a remote
+// command runs: it must be forwarded to the command (which dies of it,
+// exit 130), not abandon it.
+func TestCLIExecInterrupt(t *testing.T) {
+	srv := startServer(t)
+	id := strings.TrimSpace(ok(t, "sandbox", "create", "--image", "base"))
+	done := make(chan int, 1)
+	var stderr bytes.Buffer
+	go func() {
+		done <- run([]string{"exec", id, "--", "sleep", "30"}, strings.NewReader(""), io.Discard, &stderr)
+	}()
+	c, err := client.New(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		execs, err := c.ListExecs(t.Context(), id)
+		if err == nil && len(execs) == 1 && execs[0].Running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exec never started: %v %v", execs, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-done:
+		if code != 130 {
+			t.Fatalf("exit %d after SIGINT, want 130; stderr %q", code, stderr.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("dsec exec did not end after SIGINT")
 	}
 }

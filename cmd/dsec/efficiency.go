@@ -2,27 +2,501 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
 
-	"github.com/dsec-dev/dsec/internal/api"
+	"golang.org/x/sys/unix"
+
 	"github.com/dsec-dev/dsec/internal/cgroups"
+	"github.com/dsec-dev/dsec/internal/errdefs"
 	"github.com/dsec-dev/dsec/internal/node"
+	"github.com/dsec-dev/dsec/internal/reclaim"
 	"github.com/dsec-dev/dsec/internal/runtime"
+	"github.com/dsec-dev/dsec/internal/scheduler"
 )
 
-// newAdmission returns the node's admission policy (wired when the scheduler lands).
-func newAdmission(cgroupVersion int, overcommit float64, s *node.StatsSampler) node.Admission {
+// Efficiency settings that are not flags.
+const (
+	// cpuWindow is the window whose p95 admission sums; sampleInterval is
+	// how often the stats loop reads every sandbox's CPU counter.
+	cpuWindow      = 5 * time.Minute
+	sampleInterval = 5 * time.Second
+	// busyCores: a sandbox using more than this is not idle, whatever the
+	// API saw (a build running in the background is not waiting).
+	busyCores = 0.02
+	// expectedPids is what admission expects a newcomer to use of its pids
+	// limit: a limit is a cap, not a need, and the node's task count
+	// measures the rest.
+	expectedPids = 32
+	// pendingTTL drops an admission whose sandbox never showed up (its
+	// create failed before the agent registered it).
+	pendingTTL = 30 * time.Second
+)
+
+// efficiency is the node's accounting, admission, swap tier and reclaim
+// controller, wired around one node agent.
+type efficiency struct {
+	log   *slog.Logger
+	cg    cgroups.Manager
+	stats *node.StatsSampler
+	adm   *admission
+	zram  *reclaim.Zram
+	// taskSchedIdle: no cpu.idle in the cpu hierarchy, batch tasks are
+	// made SCHED_IDLE one by one.
+	taskSchedIdle bool
+	features      map[string]string
+	idleAfter     time.Duration
+
+	mu       sync.Mutex
+	groups   map[string]cgroups.Group // sandbox id -> its cgroup
+	lastBusy map[string]time.Time
+	ctrl     *reclaim.Controller
+}
+
+// newEfficiency parses the efficiency flags, sets up the swap tier and
+// detects what the kernel offers. Close tears the swap tier down.
+func newEfficiency(ctx context.Context, o *serveOptions, cg cgroups.Manager, log *slog.Logger) (_ *efficiency, err error) {
+	log = log.With("component", "efficiency")
+	swap, err := reclaim.ParseSwapSpec(o.swap)
+	if err != nil {
+		return nil, usagef("--swap: %v", err)
+	}
+	if o.reclaimIdle < 0 {
+		return nil, usagef("--reclaim-idle-after must not be negative")
+	}
+	policy := scheduler.DefaultPolicy()
+	policy.CPUOvercommit = o.overcommit
+	if o.memReserve != "" {
+		if policy.MemoryReserve, err = parseSize(o.memReserve); err != nil {
+			return nil, usagef("--memory-reserve: %v", err)
+		}
+	}
+	if err := policy.Validate(); err != nil {
+		return nil, usagef("--cpu-overcommit: %v", err)
+	}
+	stats, err := node.NewStatsSampler(cg.Version(), cpuWindow, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	e := &efficiency{
+		log: log, cg: cg, stats: stats, idleAfter: o.reclaimIdle,
+		features: map[string]string{}, groups: map[string]cgroups.Group{}, lastBusy: map[string]time.Time{},
+	}
+	e.adm = &admission{stats: stats, policy: policy, cpus: float64(numCPU()), dataDir: o.dataDir,
+		meminfo: "/proc/meminfo", pending: map[string]pendingAdmission{}}
+
+	e.taskSchedIdle = cg.Version() == 1 && !fileExists("/sys/fs/cgroup/cpu/cpu.idle")
+	if e.taskSchedIdle {
+		e.features["batch_class"] = "SCHED_IDLE per task (no cpu.idle)"
+	} else {
+		e.features["batch_class"] = "cpu.idle"
+	}
+	if !reclaim.SchedCoreAvailable() {
+		// Latency sandboxes still get their weight; only SMT isolation
+		// from other tenants is missing.
+		e.features["core_scheduling"] = "unavailable (kernel without CONFIG_SCHED_CORE)"
+	} else {
+		e.features["core_scheduling"] = "available (not applied)"
+	}
+	if d := reclaim.DetectDAMON("/sys"); d.CanStart {
+		e.features["damon"] = "available, not used: " + strings.Join(d.Operations, ",")
+	} else {
+		e.features["damon"] = "unavailable: " + d.Reason
+	}
+	if present, enabled := reclaim.ZswapEnabled("/sys"); present {
+		e.features["zswap"] = strconv.FormatBool(enabled)
+	}
+	if o.reclaimIdle > 0 {
+		e.features["reclaim_idle_after"] = o.reclaimIdle.String()
+	} else {
+		e.features["reclaim_idle_after"] = "off"
+	}
+	e.features["admission"] = fmt.Sprintf("measured: cpu p95 x overcommit %g, memory held + reserve %d MiB", policy.CPUOvercommit, policy.MemoryReserve>>20)
+
+	if swap.Kind == "zram" {
+		z, err := reclaim.SetupZram(ctx, log, "/sys", "/dev", swap)
+		if err != nil {
+			return nil, fmt.Errorf("--swap %s: %w", o.swap, err)
+		}
+		e.zram = z
+		e.features["swap"] = fmt.Sprintf("zram %s %s", z.Device, formatSize(z.Size))
+		log.Info("compressed swap tier up", "device", z.Device, "size", z.Size, "algorithm", z.Algorithm)
+	} else {
+		e.features["swap"] = "off"
+	}
+	return e, nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func numCPU() int {
+	var set unix.CPUSet
+	if unix.SchedGetaffinity(0, &set) == nil && set.Count() > 0 {
+		return set.Count()
+	}
+	return 1
+}
+
+// Close tears the swap tier down. swapoff brings swapped pages of running
+// sandboxes back into memory first; that can fail when memory is short,
+// and then the device is left in place with an error.
+func (e *efficiency) Close() error {
+	if e.zram == nil {
+		return nil
+	}
+	if err := e.zram.Close(); err != nil {
+		e.log.Error("compressed swap tier left in place", "device", e.zram.Device, "err", err)
+		return err
+	}
+	e.log.Info("compressed swap tier removed", "device", e.zram.Device)
 	return nil
 }
 
-func startEfficiency(ctx context.Context, o *serveOptions, cg cgroups.Manager, agent *node.Local, rt runtime.Runtime, log *slog.Logger) (func(), error) {
-	if o.swap != "" || o.reclaimIdle != 0 {
-		return nil, errors.New("--swap and --reclaim-idle-after are not wired yet")
+// start runs the stats loop (CPU windows for admission, idleness, the
+// batch sweep) and, with --reclaim-idle-after, the reclaim controller,
+// until the returned stop is called or ctx ends.
+func (e *efficiency) start(ctx context.Context, agent *node.Local, rt runtime.Runtime) (stop func(), err error) {
+	e.adm.agent = agent
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(sampleInterval)
+		defer t.Stop()
+		for {
+			e.sample(ctx, agent, rt)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	if e.idleAfter > 0 {
+		ctrl, err := reclaim.NewController(reclaim.SourceFunc(func(ctx context.Context) ([]reclaim.Sandbox, error) {
+			return e.sandboxes(ctx, agent)
+		}), e.log.With("component", "reclaim"), reclaim.Config{
+			IdleAfter: e.idleAfter,
+			// A pass every idle-time/5 (at most Senpai's 6s) so a short
+			// idle time is acted on promptly.
+			Interval: min(6*time.Second, max(time.Second, e.idleAfter/5)),
+			Pageout:  e.cg.Version() == 1,
+			SwapAvailable: func() bool {
+				return e.stats.SwapAvailable()
+			},
+		})
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		e.mu.Lock()
+		e.ctrl = ctrl
+		e.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = ctrl.Run(ctx)
+		}()
+		e.log.Info("proactive reclaim on", "idle_after", e.idleAfter)
 	}
-	return func() {}, nil
+	return func() { cancel(); wg.Wait() }, nil
 }
 
-func newE2BServer(svc api.Service, addr string, log *slog.Logger) (func(context.Context) error, error) {
-	return nil, errors.New("--e2b-listen is not wired yet")
+// sample reads every live sandbox's counters once: CPU for the p95
+// window, busy-ness for idleness, and the per-task batch sweep.
+func (e *efficiency) sample(ctx context.Context, agent *node.Local, rt runtime.Runtime) {
+	sbs, err := agent.ListSandboxes(ctx)
+	if err != nil {
+		return
+	}
+	live := map[string]bool{}
+	now := time.Now()
+	for _, sb := range sbs {
+		if sb.State != node.StateRunning && sb.State != node.StatePaused {
+			continue
+		}
+		live[sb.ID] = true
+		cs, err := rt.Stats(sb.ID)
+		if err != nil {
+			continue
+		}
+		e.stats.Observe(sb.ID, cs)
+		if e.stats.CPU(sb.ID).Rate > busyCores {
+			e.mu.Lock()
+			e.lastBusy[sb.ID] = now
+			e.mu.Unlock()
+		}
+		if e.taskSchedIdle && sb.Spec.QoS == node.QoSBatch {
+			e.sweepBatch(ctx, sb)
+		}
+	}
+	e.mu.Lock()
+	for id := range e.groups {
+		if !live[id] {
+			delete(e.groups, id)
+		}
+	}
+	for id := range e.lastBusy {
+		if !live[id] {
+			delete(e.lastBusy, id)
+		}
+	}
+	e.mu.Unlock()
+	for _, sb := range sbs {
+		if !live[sb.ID] {
+			e.stats.Forget(sb.ID)
+		}
+	}
+}
+
+// sweepBatch makes every task of a batch sandbox SCHED_IDLE: execs are
+// started by a shim forked from the server, so they do not inherit the
+// init's policy.
+func (e *efficiency) sweepBatch(ctx context.Context, sb node.Sandbox) {
+	g, err := e.group(ctx, sb)
+	if err != nil {
+		return
+	}
+	pids, err := g.Procs()
+	if err != nil {
+		return
+	}
+	for _, pid := range pids {
+		if p, err := reclaim.SchedPolicy(pid); err == nil && p == unix.SCHED_IDLE {
+			continue
+		}
+		if err := reclaim.SetSchedIdle(pid, true); err != nil && !errdefs.IsNotFound(err) {
+			e.log.Warn("batch class: SCHED_IDLE", "sandbox", sb.ID, "pid", pid, "err", err)
+		}
+	}
+}
+
+func (e *efficiency) group(ctx context.Context, sb node.Sandbox) (cgroups.Group, error) {
+	e.mu.Lock()
+	g := e.groups[sb.ID]
+	e.mu.Unlock()
+	if g != nil {
+		return g, nil
+	}
+	if sb.Runtime.Cgroup == "" {
+		return nil, fmt.Errorf("sandbox %s has no cgroup recorded: %w", sb.ID, errdefs.ErrNotFound)
+	}
+	g, err := e.cg.Load(ctx, sb.Runtime.Cgroup)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	e.groups[sb.ID] = g
+	e.mu.Unlock()
+	return g, nil
+}
+
+// sandboxes is the reclaim controller's Source: live sandboxes with their
+// cgroup, init and last activity — the later of the last API use and the
+// last time the sandbox used CPU.
+func (e *efficiency) sandboxes(ctx context.Context, agent *node.Local) ([]reclaim.Sandbox, error) {
+	sbs, err := agent.ListSandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]reclaim.Sandbox, 0, len(sbs))
+	for _, sb := range sbs {
+		if sb.State != node.StateRunning && sb.State != node.StatePaused {
+			continue
+		}
+		g, err := e.group(ctx, sb)
+		if err != nil {
+			e.log.Debug("reclaim: no cgroup", "sandbox", sb.ID, "err", err)
+			continue
+		}
+		last := sb.LastActivity
+		e.mu.Lock()
+		if b := e.lastBusy[sb.ID]; b.After(last) {
+			last = b
+		}
+		e.mu.Unlock()
+		out = append(out, reclaim.Sandbox{ID: sb.ID, Group: g, InitPid: sb.Runtime.Pid, LastActivity: last})
+	}
+	return out, nil
+}
+
+// Reports returns the reclaim controller's reports (nil when it is off).
+func (e *efficiency) Reports() []reclaim.Report {
+	e.mu.Lock()
+	c := e.ctrl
+	e.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	return c.Reports()
+}
+
+// admission is the node's admission by measured use (scheduler.Check over
+// what the node measures now).
+type admission struct {
+	agent   *node.Local // set by efficiency.start; nil until then
+	stats   *node.StatsSampler
+	policy  scheduler.Policy
+	cpus    float64
+	dataDir string
+	meminfo string
+
+	// mu serialises admissions, so concurrent creates see each other.
+	mu sync.Mutex
+	// pending are admitted sandboxes not yet running: their expected use
+	// counts until they are measured.
+	pending map[string]pendingAdmission
+}
+
+type pendingAdmission struct {
+	at   time.Time
+	cpu  float64
+	mem  int64
+	seen bool
+}
+
+var _ node.Admission = (*admission)(nil)
+
+// shape turns a spec into what the scheduler compares.
+func (a *admission) shape(spec node.SandboxSpec) scheduler.Shape {
+	pids := int64(expectedPids)
+	if spec.Pids > 0 && spec.Pids < pids {
+		pids = spec.Pids
+	}
+	return scheduler.Shape{CPU: spec.CPU, MemoryBytes: spec.MemoryBytes, Pids: pids, DiskBytes: spec.DiskBytes}
+}
+
+// usage measures the node. a.mu held.
+func (a *admission) usage(ctx context.Context) (scheduler.NodeUsage, error) {
+	mem, err := reclaim.ReadNode(a.meminfo)
+	if err != nil {
+		return scheduler.NodeUsage{}, err
+	}
+	u := scheduler.NodeUsage{CPUs: a.cpus, MemoryTotal: mem.Total, MemoryHeld: mem.Held}
+	u.PidsMax, u.PidsUsed = pidsOfHost()
+	var fs unix.Statfs_t
+	if a.dataDir != "" && unix.Statfs(a.dataDir, &fs) == nil {
+		u.DiskTotal = int64(fs.Blocks) * fs.Bsize
+		u.DiskUsed = int64(fs.Blocks-fs.Bavail) * fs.Bsize
+	}
+	var sbs []node.Sandbox
+	if a.agent != nil {
+		if sbs, err = a.agent.ListSandboxes(ctx); err != nil {
+			return u, err
+		}
+	}
+	listed := map[string]string{}
+	for _, sb := range sbs {
+		listed[sb.ID] = sb.State
+		if sb.State != node.StateRunning && sb.State != node.StatePaused {
+			continue
+		}
+		u.Sandboxes++
+		// Until a sandbox has a measured rate its request stands in.
+		if c := a.stats.CPU(sb.ID); c.Samples >= 2 {
+			u.CPUUsedP95 += c.P95
+		} else {
+			u.CPUUsedP95 += sb.Spec.CPU * a.policy.ExpectedCPUFraction
+		}
+	}
+	now := time.Now()
+	for id, p := range a.pending {
+		st, ok := listed[id]
+		switch {
+		case ok && st != node.StateCreating:
+			delete(a.pending, id) // running: measured above (or gone dead)
+			continue
+		case ok:
+			p.seen = true
+			a.pending[id] = p
+		case p.seen || now.Sub(p.at) > pendingTTL:
+			delete(a.pending, id) // its create failed
+			continue
+		}
+		u.CPUUsedP95 += p.cpu
+		u.MemoryHeld += p.mem
+		u.Sandboxes++
+	}
+	return u, nil
+}
+
+// pidsOfHost returns the host's task limit and count (/proc/loadavg's
+// running/total field counts every task).
+func pidsOfHost() (limit, used int64) {
+	limit = readInt("/proc/sys/kernel/pid_max")
+	if t := readInt("/proc/sys/kernel/threads-max"); t > 0 && (limit == 0 || t < limit) {
+		limit = t
+	}
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 4 {
+		return 0, 0
+	}
+	_, total, ok := strings.Cut(f[3], "/")
+	if !ok {
+		return 0, 0
+	}
+	used, _ = strconv.ParseInt(total, 10, 64)
+	return limit, used
+}
+
+func readInt(p string) int64 {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return 0
+	}
+	v, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return v
+}
+
+// Admit implements node.Admission.
+func (a *admission) Admit(ctx context.Context, spec node.SandboxSpec) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	u, err := a.usage(ctx)
+	if err != nil {
+		return fmt.Errorf("admission: measure node: %w", err)
+	}
+	shape := a.shape(spec)
+	if err := scheduler.Check(u, shape, a.policy); err != nil {
+		if r := scheduler.ShortResource(err); r != "" {
+			return fmt.Errorf("node full for sandbox %s: %w", spec.ID, err)
+		}
+		return err
+	}
+	cpu := shape.CPU * a.policy.ExpectedCPUFraction
+	mem := int64(float64(shape.MemoryBytes) * a.policy.ExpectedMemoryFraction)
+	a.pending[spec.ID] = pendingAdmission{at: time.Now(), cpu: cpu, mem: mem}
+	return nil
+}
+
+// Capacity implements node.Admission.
+func (a *admission) Capacity(ctx context.Context, spec node.SandboxSpec) (*node.Capacity, error) {
+	shape := a.shape(spec)
+	if err := shape.Validate(); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	u, err := a.usage(ctx)
+	a.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("capacity: measure node: %w", err)
+	}
+	fits, limiting, detail := scheduler.Capacity(u, shape, a.policy)
+	if limiting == "invalid" {
+		return nil, fmt.Errorf("capacity: shape: %w", errdefs.ErrInvalidArgument)
+	}
+	return &node.Capacity{Fits: fits, LimitingResource: limiting, Detail: detail}, nil
 }

@@ -101,7 +101,7 @@ func runExec(ctx context.Context, c *client.Client, req client.ExecRequest, stdi
 				sig = int(syscall.SIGKILL)
 			}
 			tctx, tcancel := context.WithTimeout(sctx, 5*time.Second)
-			if err := c.SignalExec(tctx, req.SandboxID, s.ExecID, sig); err != nil {
+			if err := s.Signal(tctx, sig); err != nil {
 				fmt.Fprintf(a.stderr, "dsec: signal exec %s: %s\n", s.ExecID, oneLine(err.Error()))
 				if n > 2 {
 					cancel() // give up on the stream

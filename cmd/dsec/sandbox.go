@@ -30,8 +30,8 @@ func newSandboxCmd(a *app) *cobra.Command {
 	return cmd
 }
 
-// specFlags are the sandbox shape flags shared by create, capacity and
-// bench.
+// specFlags are the flags of `sandbox create`; the shape subset
+// (addShapeFlags) is shared with capacity, top and bench.
 type specFlags struct {
 	spec   client.SandboxSpec
 	labels map[string]string
@@ -202,8 +202,15 @@ func newSandboxInspectCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// Live figures only exist while its processes do.
+			var st *client.SandboxStats
+			if sb.State == client.StateRunning || sb.State == client.StatePaused {
+				if st, err = c.Stats(cmd.Context(), sb.ID); err != nil {
+					return err
+				}
+			}
 			if asJSON {
-				return printJSON(a.stdout, sb)
+				return printJSON(a.stdout, inspectView(sb, st))
 			}
 			s := sb.Spec
 			var allow, deny []string
@@ -221,11 +228,49 @@ func newSandboxInspectCmd(a *app) *cobra.Command {
 				"idle ttl", s.IdleTTL, "on idle", orDash(s.OnIdle), "max lifetime", s.MaxLifetime,
 				"labels", orDash(formatLabels(s.Labels)), "env", orDash(strings.Join(s.Env, " ")),
 				"allow", orDash(strings.Join(allow, " ")), "deny", orDash(strings.Join(deny, " ")),
+				"cpu used", statOr(st, func(st *client.SandboxStats) string {
+					return fmt.Sprintf("%.2f now, p50 %.2f, p95 %.2f (requested %g)", st.CPUUsed, st.CPUUsedP50, st.CPUUsedP95, st.CPURequested)
+				}),
+				"memory held", statOr(st, func(st *client.SandboxStats) string {
+					return fmt.Sprintf("%s (reclaimable %s, reusable now %s, swapped %s)", formatSize(st.MemoryHeldBytes),
+						formatSize(st.MemoryReclaimableBytes), formatSize(st.MemoryReusableBytes), formatSize(st.MemorySwappedBytes))
+				}),
 			)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// inspectView is the sandbox record with its live figures at the top
+// level (memory_held_bytes, memory_reclaimable_bytes, cpu_requested,
+// cpu_used, ...; zero when it is not running) and also under "stats".
+func inspectView(sb *client.Sandbox, st *client.SandboxStats) any {
+	type view struct {
+		*client.Sandbox
+		CPURequested           float64              `json:"cpu_requested"`
+		CPUUsed                float64              `json:"cpu_used"`
+		CPUUsedP95             float64              `json:"cpu_used_p95"`
+		MemoryHeldBytes        int64                `json:"memory_held_bytes"`
+		MemoryReclaimableBytes int64                `json:"memory_reclaimable_bytes"`
+		MemoryReusableBytes    int64                `json:"memory_reusable_bytes"`
+		MemorySwappedBytes     int64                `json:"memory_swapped_bytes"`
+		Stats                  *client.SandboxStats `json:"stats,omitempty"`
+	}
+	v := view{Sandbox: sb, CPURequested: sb.Spec.CPU, Stats: st}
+	if st != nil {
+		v.CPURequested, v.CPUUsed, v.CPUUsedP95 = st.CPURequested, st.CPUUsed, st.CPUUsedP95
+		v.MemoryHeldBytes, v.MemoryReclaimableBytes = st.MemoryHeldBytes, st.MemoryReclaimableBytes
+		v.MemoryReusableBytes, v.MemorySwappedBytes = st.MemoryReusableBytes, st.MemorySwappedBytes
+	}
+	return v
+}
+
+func statOr(st *client.SandboxStats, f func(*client.SandboxStats) string) string {
+	if st == nil {
+		return "-"
+	}
+	return f(st)
 }
 
 func reason(r string) string {

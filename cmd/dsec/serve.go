@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dsec-dev/dsec/internal/cgroups"
+	"github.com/dsec-dev/dsec/internal/errdefs"
 	"github.com/dsec-dev/dsec/internal/layerd"
 	"github.com/dsec-dev/dsec/internal/node"
 )
@@ -29,6 +31,7 @@ type serveOptions struct {
 	store       string
 	layers      string
 	cacheSize   string
+	gcGrace     time.Duration
 	nodeName    string
 	configFile  string
 	cpu         float64
@@ -38,6 +41,7 @@ type serveOptions struct {
 	swap        string
 	reclaimIdle time.Duration
 	overcommit  float64
+	memReserve  string
 	logLevel    string
 }
 
@@ -71,6 +75,7 @@ the server stops or is killed; started again, it adopts them.`,
 	f.StringVar(&o.store, "store", "", "blob store: dir:/path (a local disk or a shared mount) or s3://host/bucket/prefix (default DATA-DIR/blobs)")
 	f.StringVar(&o.layers, "layers", "lazy", "how layers reach this node: lazy (FUSE, chunks fetched on first read) or unpacked")
 	f.StringVar(&o.cacheSize, "cache-size", "20Gi", "node chunk cache size (lazy layers)")
+	f.DurationVar(&o.gcGrace, "gc-grace", -1, "image gc spares unreferenced blobs younger than this (default 0 with the private DATA-DIR/blobs store, 1h with --store, which other nodes may be writing to)")
 	f.StringVar(&o.nodeName, "node-name", "", "this node's name (default the hostname)")
 	f.StringVar(&o.configFile, "config", "", "operator config file (JSON): network presets, exceptions, protected ranges")
 	f.Float64Var(&o.cpu, "default-cpu", 1, "CPU request of a sandbox that names none (cores)")
@@ -80,6 +85,7 @@ the server stops or is killed; started again, it adopts them.`,
 	f.StringVar(&o.swap, "swap", "", "compressed swap tier to set up while serving, e.g. zram:4Gi (off by default)")
 	f.DurationVar(&o.reclaimIdle, "reclaim-idle-after", 0, "push cold memory of sandboxes idle this long out (0 = off)")
 	f.Float64Var(&o.overcommit, "cpu-overcommit", 20, "admit sandboxes while measured CPU use stays under cores x this")
+	f.StringVar(&o.memReserve, "memory-reserve", "512Mi", "admit sandboxes while memory held + a newcomer's limit + this fits in physical memory")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }
@@ -186,16 +192,18 @@ func newLayerdStopCmd() *cobra.Command {
 				socket = filepath.Join(dataDir, "layerd.sock")
 			}
 			c := layerd.NewClient(socket)
-			if c.Ping(cmd.Context()) != nil {
-				return nil
+			if c.Ping(cmd.Context()) == nil {
+				if err := c.Quit(cmd.Context(), force); err != nil {
+					return err
+				}
+				for i := 0; i < 300 && c.Ping(cmd.Context()) == nil; i++ {
+					time.Sleep(20 * time.Millisecond)
+				}
 			}
-			if err := c.Quit(cmd.Context(), force); err != nil {
-				return err
-			}
-			for i := 0; i < 300 && c.Ping(cmd.Context()) == nil; i++ {
-				time.Sleep(20 * time.Millisecond)
-			}
-			return nil
+			// The daemon unmounts its layers after it stopped serving (and
+			// may have been asked to stop by the server already): return
+			// once they are gone, so that a caller may remove the data dir.
+			return waitUnmounted(cmd.Context(), filepath.Join(dataDir, "layers"), 30*time.Second)
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", "/var/lib/dsec", "data directory")
@@ -206,4 +214,66 @@ func newLayerdStopCmd() *cobra.Command {
 
 func detectCgroups() (cgroups.Manager, error) {
 	return cgroups.Detect("/sys/fs/cgroup")
+}
+
+// waitUnmounted waits until nothing is mounted below dir.
+func waitUnmounted(ctx context.Context, dir string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		left, err := mountsBelow(dir)
+		if err != nil || len(left) == 0 {
+			return err
+		}
+		stale := 0
+		for _, p := range left {
+			// A FUSE mount whose daemon died answers ENOTCONN: nobody
+			// will unmount it, so waiting is pointless.
+			if _, err := os.Stat(p); errors.Is(err, syscall.ENOTCONN) {
+				stale++
+			}
+		}
+		if stale == len(left) || time.Now().After(deadline) {
+			return fmt.Errorf("%d layers are still mounted below %s (e.g. %s; %d of a dead layer daemon): %w", len(left), dir, left[0], stale, errdefs.ErrUnavailable)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// mountsBelow lists the mount points strictly below dir.
+func mountsBelow(dir string) ([]string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	prefix := filepath.Clean(dir) + "/"
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		// Field 5 is the mount point, octal-escaped.
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(unescapeMount(f[4]), prefix) {
+			out = append(out, unescapeMount(f[4]))
+		}
+	}
+	return out, nil
+}
+
+func unescapeMount(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }

@@ -113,16 +113,20 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 		netw = network{nm}
 	}
 
-	imgs := &images{st: imgStore, layerd: ld}
-	sampler := node.NewStatsSampler(cg.Version(), 60)
+	imgs := &images{st: imgStore, layerd: ld, gcGrace: gcGrace(o)}
+	eff, err := newEfficiency(ctx, o, cg, log)
+	if err != nil {
+		return err
+	}
+	defer eff.Close()
 	agent, err := node.NewLocal(ctx, node.Config{
 		Name: o.nodeName, DataDir: filepath.Join(o.dataDir, "node"),
 		DefaultCPU: o.cpu, DefaultMemoryBytes: memory, DefaultPids: o.pids, DefaultDiskBytes: disk,
-		DefaultEnv: []string{"HOME=/root", "TERM=xterm"},
+		DefaultEnv:    []string{"HOME=/root", "TERM=xterm"},
+		TaskSchedIdle: eff.taskSchedIdle, Features: eff.features,
 	}, node.Deps{
 		Runtime: rt, Images: imgs, Layers: layerLeases{ld}, Committer: imgs, Network: netw,
-		Files: sandboxfs.Opener(), Stats: sampler,
-		Admission: newAdmission(cg.Version(), o.overcommit, sampler),
+		Files: sandboxfs.Opener(), Stats: eff.stats, Admission: eff.adm,
 	}, log.With("component", "node"))
 	if err != nil {
 		return err
@@ -161,7 +165,7 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 	}
 	defer svc.Close()
 
-	stopReclaim, err := startEfficiency(ctx, o, cg, agent, rt, log)
+	stopReclaim, err := eff.start(ctx, agent, rt)
 	if err != nil {
 		return err
 	}
@@ -199,6 +203,8 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 		qctx, qcancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if err := ld.Quit(qctx, false); err != nil {
 			log.Warn("layer daemon kept running", "err", err)
+		} else if err := waitUnmounted(qctx, filepath.Join(o.dataDir, "layers"), 30*time.Second); err != nil {
+			log.Warn("layer daemon stopping", "err", err)
 		}
 		qcancel()
 	}

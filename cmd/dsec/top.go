@@ -127,7 +127,7 @@ func topFrame(ctx context.Context, c *client.Client, w io.Writer, shape client.S
 	t.row("sandboxes", fmt.Sprintf("%d  (%s)", len(sbs), strings.Join(stateParts, ", ")))
 	t.row("cpu", fmt.Sprintf("%.2f used / %.2f requested / %d cores (%.0f%% requested)",
 		total.CPUUsed, total.CPURequested, total.CPUs, pct(total.CPURequested, float64(total.CPUs))))
-	t.row("memory", fmt.Sprintf("%s held, %s reusable, %s available / %s",
+	t.row("memory", fmt.Sprintf("%s held, %s reclaimable, %s available (reusable now) / %s",
 		formatSize(total.MemoryHeldBytes), formatSize(total.MemoryReclaimableBytes), formatSize(total.MemAvailable), formatSize(total.MemoryBytes)))
 	if cpErr == nil {
 		t.row("capacity", fmt.Sprintf("%d more of cpu %g / memory %s; limiting resource: %s",

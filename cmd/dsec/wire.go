@@ -9,6 +9,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/dsec-dev/dsec/internal/api"
 	"github.com/dsec-dev/dsec/internal/blob"
@@ -41,12 +42,29 @@ type images struct {
 	// inUse lists the pinned image versions live sandboxes run on (GC
 	// keeps them). On a shared blob store it must cover every node.
 	inUse func(ctx context.Context) []string
+	// gcGrace: GC spares unreferenced blobs younger than this, which
+	// imports on other nodes sharing the store may not have tagged yet.
+	gcGrace time.Duration
+}
+
+// gcGrace is --gc-grace, or its default: a private store has no writer but
+// this process, whose imports and commits GC already excludes, so nothing
+// needs sparing; a --store may be shared with other nodes.
+func gcGrace(o *serveOptions) time.Duration {
+	switch {
+	case o.gcGrace >= 0:
+		return o.gcGrace
+	case o.store == "":
+		return 0
+	}
+	return image.DefaultGCGrace
 }
 
 var (
 	_ node.ImageResolver  = (*images)(nil)
 	_ node.LayerCommitter = (*images)(nil)
 	_ api.ImageManager    = (*images)(nil)
+	_ api.ImagePuller     = (*images)(nil)
 )
 
 func (im *images) ResolveImage(ctx context.Context, ref string) (string, []string, error) {
@@ -118,6 +136,16 @@ func (im *images) ImportTar(ctx context.Context, ref string, r io.Reader, progre
 	return imageInfo(img), nil
 }
 
+// Pull implements api.ImagePuller. A registry on loopback speaks plain
+// HTTP (go-containerregistry picks it for localhost and 127.0.0.0/8).
+func (im *images) Pull(ctx context.Context, src, ref string, progress func(api.ImportProgress)) (*api.ImageInfo, error) {
+	img, err := im.st.Pull(ctx, src, ref, progressOpt(progress))
+	if err != nil {
+		return nil, err
+	}
+	return imageInfo(img), nil
+}
+
 func (im *images) Resolve(ctx context.Context, ref string) (*api.ImageInfo, error) {
 	img, err := im.st.Resolve(ctx, ref)
 	if err != nil {
@@ -147,7 +175,7 @@ func (im *images) GC(ctx context.Context) (*api.GCResult, error) {
 			keep = append(keep, img.LayerDigests()...)
 		}
 	}
-	res, err := im.st.GC(ctx, func() []blob.Digest { return keep })
+	res, err := im.st.GC(ctx, func() []blob.Digest { return keep }, image.WithGracePeriod(im.gcGrace))
 	if err != nil {
 		return nil, err
 	}

@@ -162,6 +162,12 @@ type ImageImporter interface {
 	ImportTar(ctx context.Context, ref string, r io.Reader, progress func(ImportProgress)) (*ImageInfo, error)
 }
 
+// ImagePuller is the optional role of an ImageManager that pulls from a
+// registry: src is the registry reference, ref the local NAME:TAG.
+type ImagePuller interface {
+	Pull(ctx context.Context, src, ref string, progress func(ImportProgress)) (*ImageInfo, error)
+}
+
 // ImageLister looks images up.
 type ImageLister interface {
 	// Resolve returns one image version, or an ErrNotFound-wrapped error.

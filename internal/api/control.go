@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -316,5 +315,3 @@ func ignoreNotFound(err error) error {
 	}
 	return err
 }
-
-var errStop = errors.New("stop")

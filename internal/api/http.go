@@ -127,6 +127,7 @@ func NewHandler(svc Service, opts ...HandlerOption) http.Handler {
 		"POST /v1/sandboxes/{id}/files/mkdir":        h.makeDir,
 		"POST /v1/sandboxes/{id}/files/rename":       h.rename,
 		"POST /v1/images/import":                     h.importImage,
+		"POST /v1/images/pull":                       h.pullImage,
 		"GET /v1/images":                             h.listImages,
 		"GET /v1/images/{ref}":                       h.getImage,
 		"DELETE /v1/images/{ref}":                    h.removeImage,

@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/dsec-dev/dsec/internal/errdefs"
 	"github.com/dsec-dev/dsec/internal/node"
 	"github.com/dsec-dev/dsec/internal/runtime"
 )
@@ -303,6 +305,34 @@ func (h *handler) importImage(w http.ResponseWriter, r *http.Request, c Caller) 
 			body = http.MaxBytesReader(w, r.Body, h.cfg.maxUpload)
 		}
 	}
+	return h.streamImage(w, r, body, func(progress func(ImportProgress)) (*ImageInfo, error) {
+		return h.svc.ImportImage(r.Context(), c, ref, path, body, public, progress)
+	})
+}
+
+// pullImage streams progress while the server pulls ref from a registry.
+// Services without pulling (the Puller role) answer 501.
+func (h *handler) pullImage(w http.ResponseWriter, r *http.Request, c Caller) error {
+	p, ok := h.svc.(Puller)
+	if !ok {
+		return fmt.Errorf("this server cannot pull images: %w", errdefs.ErrNotImplemented)
+	}
+	ref := r.URL.Query().Get("ref")
+	if ref == "" {
+		return invalid("query ref is required")
+	}
+	public, err := queryBool(r, "public")
+	if err != nil {
+		return err
+	}
+	return h.streamImage(w, r, nil, func(progress func(ImportProgress)) (*ImageInfo, error) {
+		return p.PullImage(r.Context(), c, ref, public, progress)
+	})
+}
+
+// streamImage runs an import (run) and streams its progress frames, then
+// the image or the error. body is the uploaded tar, nil when there is none.
+func (h *handler) streamImage(w http.ResponseWriter, r *http.Request, body io.Reader, run func(progress func(ImportProgress)) (*ImageInfo, error)) error {
 	fw := newFrameWriter(w)
 	duplex := false
 	var (
@@ -334,7 +364,7 @@ func (h *handler) importImage(w http.ResponseWriter, r *http.Request, c Caller) 
 		started()
 		fw.frame(ImportFrame{ImportProgress: &p})
 	}
-	info, err := h.svc.ImportImage(r.Context(), c, ref, path, body, public, progress)
+	info, err := run(progress)
 	wasStarted := true
 	once.Do(func() { wasStarted = false })
 	defer func() {

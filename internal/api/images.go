@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/dsec-dev/dsec/internal/errdefs"
 	"github.com/dsec-dev/dsec/internal/store"
@@ -61,12 +62,23 @@ func (s *ControlPlane) checkImageUse(ctx context.Context, tenant string, admin b
 // claimImageName makes tenant the owner of ref's name unless another
 // tenant owns it. Names are shared by all tenants, so a taken name is a
 // conflict (it does not say whose).
-func (s *ControlPlane) claimImageName(ctx context.Context, tenant, ref string, public bool) error {
+// The returned release undoes a claim this call made (for a failed import
+// or snapshot); it does nothing if the name was already the tenant's.
+func (s *ControlPlane) claimImageName(ctx context.Context, tenant, ref string, public bool) (release func(), err error) {
 	name, _, err := parseRef(ref)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return s.st.Update(ctx, func(tx store.Tx) error {
+	created := false
+	release = func() {
+		if !created {
+			return
+		}
+		if err := ignoreNotFound(s.st.Delete(context.WithoutCancel(ctx), store.BucketImageACL, name)); err != nil {
+			s.log.Warn("releasing an image name", "name", name, "err", err)
+		}
+	}
+	return release, s.st.Update(ctx, func(tx store.Tx) error {
 		var a imageACL
 		err := tx.Get(ctx, store.BucketImageACL, name, &a)
 		switch {
@@ -81,6 +93,7 @@ func (s *ControlPlane) claimImageName(ctx context.Context, tenant, ref string, p
 					}
 				}
 			}
+			created = true
 			return tx.Put(ctx, store.BucketImageACL, name, imageACL{Name: name, Owner: tenant, Public: public})
 		case err != nil:
 			return err
@@ -138,7 +151,8 @@ func (s *ControlPlane) ImportImage(ctx context.Context, c Caller, ref, path stri
 	if public && !c.Admin {
 		return nil, fmt.Errorf("only admins publish public images: %w", errdefs.ErrPermissionDenied)
 	}
-	if err := s.claimImageName(ctx, c.Tenant, ref, public); err != nil {
+	release, err := s.claimImageName(ctx, c.Tenant, ref, public)
+	if err != nil {
 		return nil, err
 	}
 	if progress == nil {
@@ -151,6 +165,7 @@ func (s *ControlPlane) ImportImage(ctx context.Context, c Caller, ref, path stri
 		info, err = s.images.ImportTar(ctx, ref, r, progress)
 	}
 	if err != nil {
+		release()
 		return nil, err
 	}
 	return s.withACL(ctx, info)
@@ -255,4 +270,73 @@ func (s *ControlPlane) ImageStats(ctx context.Context, c Caller, ref string) (_ 
 		return nil, err
 	}
 	return s.images.Stats(ctx, info.Name)
+}
+
+var _ Puller = (*ControlPlane)(nil)
+
+// PullImage implements Puller.
+func (s *ControlPlane) PullImage(ctx context.Context, c Caller, ref string, public bool, progress func(ImportProgress)) (_ *ImageInfo, err error) {
+	defer s.done(c, "PullImage", nil, &err)
+	if err := s.needImages(); err != nil {
+		return nil, err
+	}
+	p, ok := s.images.(ImagePuller)
+	if !ok {
+		return nil, fmt.Errorf("this image store cannot pull: %w", errdefs.ErrNotImplemented)
+	}
+	if err := requireAdmin(c, "pulling from a registry"); err != nil {
+		return nil, err
+	}
+	local, err := pullName(ref)
+	if err != nil {
+		return nil, err
+	}
+	release, err := s.claimImageName(ctx, c.Tenant, local, public)
+	if err != nil {
+		return nil, err
+	}
+	if progress == nil {
+		progress = func(ImportProgress) {}
+	}
+	info, err := p.Pull(ctx, ref, local, progress)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	return s.withACL(ctx, info)
+}
+
+// pullName is the local NAME:TAG of a registry reference: its repository
+// path without the registry host (and without Docker Hub's "library/"),
+// with its tag; a digest reference is tagged sha256-<12 hex>.
+func pullName(ref string) (string, error) {
+	if ref == "" || len(ref) > 1024 {
+		return "", invalid("pull reference %q: want [REGISTRY/]NAME[:TAG|@DIGEST]", ref)
+	}
+	rest, tag := ref, ""
+	if n, d, ok := strings.Cut(ref, "@"); ok {
+		hexPart, found := strings.CutPrefix(d, "sha256:")
+		if !found || len(hexPart) < 12 {
+			return "", invalid("pull reference %q: bad digest", ref)
+		}
+		rest, tag = n, "sha256-"+hexPart[:12]
+	}
+	if i := strings.LastIndexByte(rest, ':'); i > strings.LastIndexByte(rest, '/') {
+		if tag == "" {
+			tag = rest[i+1:]
+		}
+		rest = rest[:i]
+	}
+	hub := true
+	if first, after, ok := strings.Cut(rest, "/"); ok && (strings.ContainsAny(first, ".:") || first == "localhost") {
+		rest = after
+		hub = first == "docker.io" || first == "index.docker.io" || first == "registry-1.docker.io"
+	}
+	if hub {
+		rest = strings.TrimPrefix(rest, "library/")
+	}
+	if tag == "" {
+		tag = "latest"
+	}
+	return normRef(rest + ":" + tag)
 }

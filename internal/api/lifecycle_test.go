@@ -12,6 +12,7 @@ import (
 
 	"github.com/dsec-dev/dsec/internal/errdefs"
 	"github.com/dsec-dev/dsec/internal/node"
+	"github.com/dsec-dev/dsec/internal/node/nodetest"
 	"github.com/dsec-dev/dsec/internal/store"
 )
 
@@ -521,5 +522,50 @@ func TestServiceErrorsAreClassified(t *testing.T) {
 	}
 	if !errors.Is(ErrorFromCode(CodeResourceExhausted, "q"), errdefs.ErrResourceExhausted) {
 		t.Fatal("ErrorFromCode resource exhausted")
+	}
+}
+
+// unreachable is a node whose agent cannot be reached for listing.
+type unreachable struct{ *nodetest.Fake }
+
+func (unreachable) ListSandboxes(context.Context) ([]node.Sandbox, error) {
+	return nil, fmt.Errorf("connection refused: %w", errdefs.ErrUnavailable)
+}
+
+// A node that cannot be reached at restart leaves its sandboxes as they
+// were: unknown is not dead.
+func TestReconcileUnreachableNode(t *testing.T) {
+	e := newEnv(t)
+	alice := e.tenant("alice", Quota{})
+	sb := e.create(alice, node.SandboxSpec{})
+	e.stop()
+	e.node.Forget(sb.ID)
+	svc, err := NewService(e.cfg, e.st, StaticNodes{"node1": unreachable{e.node}}, e.images, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	if err := svc.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	list, err := svc.ListSandboxes(context.Background(), Caller{Tenant: "alice"}, ListFilter{})
+	if err != nil || len(list) != 1 || list[0].State != node.StateRunning {
+		t.Fatalf("after restart with an unreachable node: %+v %v", list, err)
+	}
+}
+
+// A failed import does not keep the image name reserved.
+func TestFailedImportReleasesName(t *testing.T) {
+	e := newEnv(t)
+	alice := e.tenant("alice", Quota{})
+	bob := e.tenant("bob", Quota{})
+	if r := e.do("POST", "/v1/images/import?ref=shared:v1", alice, ""); r.status != 400 {
+		t.Fatalf("empty import: %d %s", r.status, r.body)
+	}
+	e.doJSON("POST", "/v1/images/import?ref=shared:v1", bob, "tar bytes", http.StatusOK, nil)
+	var info ImageInfo
+	e.doJSON("GET", "/v1/images/shared:v1", bob, nil, http.StatusOK, &info)
+	if info.Owner != "bob" {
+		t.Fatalf("owner %q", info.Owner)
 	}
 }

@@ -200,10 +200,14 @@ func (s *ControlPlane) reserve(ctx context.Context, rec *sandboxRecord) error {
 		}
 		var t Tenant
 		if err := tx.Get(ctx, store.BucketTenants, spec.Tenant, &t); err != nil {
-			if errdefs.IsNotFound(err) {
+			switch {
+			case errdefs.IsNotFound(err) && spec.Tenant == AdminTenant:
+				t = Tenant{Name: AdminTenant, Admin: true} // before Start created it
+			case errdefs.IsNotFound(err):
 				return fmt.Errorf("tenant %q: %w", spec.Tenant, errdefs.ErrNotFound)
+			default:
+				return err
 			}
-			return err
 		}
 		if t.Quota != (Quota{}) {
 			u, err := tenantUsage(ctx, tx, spec.Tenant)
@@ -521,15 +525,17 @@ func (s *ControlPlane) Snapshot(ctx context.Context, c Caller, id, imageRef stri
 		return nil, err
 	}
 	tenant := rec.Sandbox.Spec.Tenant
-	if err := s.claimImageName(ctx, tenant, ref, false); err != nil {
-		return nil, err
-	}
 	a, err := s.nodes.Node(rec.Sandbox.Node)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: node %q: %v: %w", id, rec.Sandbox.Node, err, errdefs.ErrUnavailable)
 	}
+	release, err := s.claimImageName(ctx, tenant, ref, false)
+	if err != nil {
+		return nil, err
+	}
 	got, err := a.Snapshot(ctx, id, ref)
 	if err != nil {
+		release()
 		return nil, err
 	}
 	info := &ImageInfo{Name: ref, Digest: got, CreatedAt: s.now()}

@@ -143,3 +143,14 @@ type Service interface {
 	NodeInfo(ctx context.Context, c Caller) ([]node.NodeInfo, error)
 	Capacity(ctx context.Context, c Caller, shape node.SandboxSpec) (*node.Capacity, error)
 }
+
+// Puller is the optional role of a Service that pulls images from a
+// registry (POST /v1/images/pull). It is separate from Service so that
+// services without network access to registries need not implement it.
+type Puller interface {
+	// PullImage fetches ref (e.g. registry.example:5000/team/img:1, or
+	// python:3.12 from Docker Hub) and stores it under its repository path
+	// without the registry host (team/img:1, python:3.12). Admin only: it
+	// makes the server reach out to the network.
+	PullImage(ctx context.Context, c Caller, ref string, public bool, progress func(ImportProgress)) (*ImageInfo, error)
+}

@@ -102,11 +102,15 @@ type SandboxStats struct {
 	MemoryShmemBytes       int64   `json:"memory_shmem_bytes"`
 	MemoryKernelBytes      int64   `json:"memory_kernel_bytes"`
 	MemorySwappedBytes     int64   `json:"memory_swapped_bytes"`
-	PidsCurrent            int64   `json:"pids_current"`
-	DiskUsedBytes          int64   `json:"disk_used_bytes"`
-	OOMKills               int64   `json:"oom_kills"`
-	MemoryPressureAvg10    float64 `json:"memory_pressure_avg10,omitempty"`
-	CPUPressureAvg10       float64 `json:"cpu_pressure_avg10,omitempty"`
+	// MemoryReusableBytes: of held, clean page cache the host could take
+	// back now; MemoryCompressedBytes: the group's zswap pool size (v2).
+	MemoryReusableBytes   int64   `json:"memory_reusable_bytes"`
+	MemoryCompressedBytes int64   `json:"memory_compressed_bytes,omitempty"`
+	PidsCurrent           int64   `json:"pids_current"`
+	DiskUsedBytes         int64   `json:"disk_used_bytes"`
+	OOMKills              int64   `json:"oom_kills"`
+	MemoryPressureAvg10   float64 `json:"memory_pressure_avg10,omitempty"`
+	CPUPressureAvg10      float64 `json:"cpu_pressure_avg10,omitempty"`
 }
 
 // ExecRequest runs one process in a sandbox.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/dsec-dev/dsec/internal/cgroups"
 	"github.com/dsec-dev/dsec/internal/errdefs"
+	"github.com/dsec-dev/dsec/internal/reclaim"
 	"github.com/dsec-dev/dsec/internal/runtime"
 )
 
@@ -31,6 +32,13 @@ type Config struct {
 	DefaultPids        int64
 	DefaultDiskBytes   int64
 	DefaultEnv         []string
+
+	// TaskSchedIdle: the cpu controller has no cpu.idle (v1 before 5.15),
+	// so batch sandboxes' tasks are made SCHED_IDLE one by one instead.
+	TaskSchedIdle bool
+	// Features are reported as is in NodeInfo.Features (what the node
+	// detected: swap tier, DAMON, reclaim settings).
+	Features map[string]string
 }
 
 // Deps are the mechanisms the agent drives. Network and Admission may be nil.
@@ -210,34 +218,33 @@ func (l *Local) touch(sb *sandbox) {
 	sb.mu.Unlock()
 }
 
-// resources turns a spec into cgroup settings. CPU requests become weights
-// (1 core = 100); QoS scales them; batch sandboxes are marked idle.
-func resources(spec SandboxSpec) cgroups.Resources {
-	r := cgroups.Resources{
+// resources turns a spec into cgroup settings. The QoS class sets the CPU
+// weight (and cpu.idle for batch) through reclaim.ApplyClass, the one
+// mapping of classes; the CPU request scales the weight, so two standard
+// sandboxes share in proportion to what they asked for. taskSchedIdle
+// (v1 without cpu.idle) leaves cpu.idle off: the agent makes batch tasks
+// SCHED_IDLE instead.
+func resources(spec SandboxSpec, taskSchedIdle bool) (cgroups.Resources, error) {
+	r, err := reclaim.ApplyClass(spec.QoS, cgroups.Resources{
 		MemoryLimit: spec.MemoryBytes,
 		PidsLimit:   spec.Pids,
 		SwapLimit:   -1,
+	})
+	if err != nil {
+		return r, err
 	}
-	w := uint64(spec.CPU * 100)
-	switch spec.QoS {
-	case QoSLatency:
-		w *= 10
-	case QoSBatch:
-		w = 1
-		r.CPUIdle = true
+	if r.CPUWeight > 0 {
+		w := uint64(float64(r.CPUWeight) * max(spec.CPU, 0.01))
+		r.CPUWeight = min(max(w, 1), 10000)
 	}
-	if w < 1 {
-		w = 1
+	if r.CPUIdle && taskSchedIdle {
+		r.CPUIdle, r.CPUWeight = false, 1
 	}
-	if w > 10000 {
-		w = 10000
-	}
-	r.CPUWeight = w
 	if spec.CPULimit > 0 {
 		r.CPUPeriodMicros = 100000
 		r.CPUQuotaMicros = int64(spec.CPULimit * 100000)
 	}
-	return r
+	return r, nil
 }
 
 func (l *Local) applyDefaults(spec *SandboxSpec) error {
@@ -285,10 +292,12 @@ func (l *Local) applyDefaults(spec *SandboxSpec) error {
 // Info implements Agent.
 func (l *Local) Info(ctx context.Context) (*NodeInfo, error) {
 	info := &NodeInfo{Name: l.cfg.Name, CPUs: numCPU(), Features: map[string]string{}}
-	mi, err := ReadMeminfo()
-	if err == nil {
-		info.MemoryBytes = mi["MemTotal"]
-		info.MemAvailable = mi["MemAvailable"]
+	for k, v := range l.cfg.Features {
+		info.Features[k] = v
+	}
+	if mem, err := reclaim.ReadNode("/proc/meminfo"); err == nil {
+		info.MemoryBytes = mem.Total
+		info.MemAvailable = mem.Available
 	}
 	l.mu.RLock()
 	sbs := make([]*sandbox, 0, len(l.sbs))
@@ -305,7 +314,7 @@ func (l *Local) Info(ctx context.Context) (*NodeInfo, error) {
 		}
 		info.Sandboxes++
 		info.CPURequested += spec.CPU
-		if s, err := l.SandboxStats(ctx, spec.ID); err == nil {
+		if s, err := l.stats(spec.ID, st, spec, false); err == nil {
 			info.CPUUsed += s.CPUUsed
 			info.MemoryHeldBytes += s.MemoryHeldBytes
 			info.MemoryReclaimableBytes += s.MemoryReclaimableBytes
@@ -314,7 +323,7 @@ func (l *Local) Info(ctx context.Context) (*NodeInfo, error) {
 	if l.deps.Stats != nil {
 		info.CgroupVersion = l.deps.Stats.CgroupVersion
 	}
-	info.SchedCore = SchedCoreSupported()
+	info.SchedCore = reclaim.SchedCoreAvailable()
 	info.Features["sched_core"] = fmt.Sprint(info.SchedCore)
 	return info, nil
 }
@@ -415,13 +424,17 @@ func (l *Local) create(ctx context.Context, sb *sandbox) error {
 		return err
 	}
 	env := append(append([]string{}, l.cfg.DefaultEnv...), spec.Env...)
+	res, err := resources(spec, l.cfg.TaskSchedIdle)
+	if err != nil {
+		return err
+	}
 	st, err := l.deps.Runtime.Create(ctx, runtime.Spec{
 		ID:          spec.ID,
 		Hostname:    spec.ID,
 		Dir:         filepath.Join(l.sandboxesDir(), spec.ID),
 		Lower:       lower,
 		Env:         env,
-		Resources:   resources(spec),
+		Resources:   res,
 		DiskBytes:   spec.DiskBytes,
 		AllowUserNS: spec.AllowUserNS,
 	})
@@ -429,6 +442,13 @@ func (l *Local) create(ctx context.Context, sb *sandbox) error {
 		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 	sb.rec.Runtime = *st
+	if spec.QoS == QoSBatch && l.cfg.TaskSchedIdle {
+		// The init's children inherit the policy; execs are caught by
+		// the efficiency loop's sweep.
+		if err := reclaim.SetSchedIdle(st.Pid, true); err != nil {
+			return fmt.Errorf("sandbox %s: batch class: %w", spec.ID, err)
+		}
+	}
 	if len(spec.Network.Allow) > 0 {
 		if l.deps.Network == nil {
 			return fmt.Errorf("sandbox %s asks for egress but this node has no network policy support: %w", spec.ID, errdefs.ErrFailedPrecondition)
@@ -652,8 +672,14 @@ func (l *Local) SandboxStats(ctx context.Context, id string) (*SandboxStats, err
 		return nil, err
 	}
 	sb.mu.Lock()
-	spec, state := sb.rec.Spec, sb.rec.State
+	spec, st := sb.rec.Spec, sb.rec.State
 	sb.mu.Unlock()
+	return l.stats(id, st, spec, true)
+}
+
+// stats reads one sandbox's figures; withDisk adds the walk of its upper
+// dir, which Info skips since it runs for every sandbox.
+func (l *Local) stats(id, state string, spec SandboxSpec, withDisk bool) (*SandboxStats, error) {
 	out := &SandboxStats{ID: id, State: state, CPURequested: spec.CPU}
 	if state != StateRunning && state != StatePaused {
 		return out, nil
@@ -665,7 +691,11 @@ func (l *Local) SandboxStats(ctx context.Context, id string) (*SandboxStats, err
 	if l.deps.Stats != nil {
 		l.deps.Stats.Fill(id, cs, out)
 	} else {
-		FillMemory(cs, out)
+		mem, err := reclaim.ReadNode("/proc/meminfo")
+		FillMemory(cs, err == nil && mem.SwapAvailable, out)
+	}
+	if !withDisk {
+		return out, nil
 	}
 	if dir, err := l.deps.Runtime.UpperDir(id); err == nil {
 		out.DiskUsedBytes = DiskUsage(dir)

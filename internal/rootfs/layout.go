@@ -139,6 +139,11 @@ func (l *Layout) Release() error {
 	return err
 }
 
+const volatileDirty = WorkName + "/work/incompat/volatile/dirty"
+
+var fastRemove = []string{volatileDirty, WorkName + "/work/incompat/volatile", WorkName + "/work/incompat",
+	WorkName + "/work", WorkName, UpperName, DiskMount, ""}
+
 // Remove deletes a sandbox directory. Mounts inside it exist only in the
 // sandbox's mount namespace, so once its processes are gone this is a plain
 // recursive delete. A missing dir is not an error.
@@ -147,9 +152,14 @@ func Remove(dir string) error {
 		return fmt.Errorf("refusing to remove %q: %w", dir, errdefs.ErrInvalidArgument)
 	}
 	// Fast path for the usual layout (metadata operations are the cost of
-	// a teardown on a slow disk): empty dirs go with one rmdir each.
-	for _, p := range []string{WorkName + "/work", WorkName, UpperName, DiskMount, ""} {
-		if err := unix.Rmdir(filepath.Join(dir, p)); err != nil && !errors.Is(err, unix.ENOENT) {
+	// a teardown on a slow disk): one syscall per entry, no directory reads.
+	// The incompat entries are what overlayfs's volatile option leaves.
+	for _, p := range fastRemove {
+		rm := unix.Rmdir
+		if p == volatileDirty {
+			rm = unix.Unlink
+		}
+		if err := rm(filepath.Join(dir, p)); err != nil && !errors.Is(err, unix.ENOENT) {
 			break
 		}
 	}

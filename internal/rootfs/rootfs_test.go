@@ -61,6 +61,11 @@ func TestPrepareWithoutDisk(t *testing.T) {
 	if _, err := rootfs.Prepare(context.Background(), dir, []string{lower}, 0, nil); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("second prepare: %v", err)
 	}
+	// What a sandbox leaves: files in upper, overlay's volatile marker.
+	os.MkdirAll(filepath.Join(l.Overlay.Upper, "a/b"), 0o755)
+	os.WriteFile(filepath.Join(l.Overlay.Upper, "a/b/f"), []byte("x"), 0o644)
+	os.MkdirAll(filepath.Join(l.Overlay.Work, "work/incompat/volatile"), 0o755)
+	os.WriteFile(filepath.Join(l.Overlay.Work, "work/incompat/volatile/dirty"), nil, 0o644)
 	if err := rootfs.Remove(dir); err != nil {
 		t.Fatal(err)
 	}

@@ -117,7 +117,15 @@ func BenchmarkIdleFootprint(b *testing.B) {
 		v, _ := strconv.ParseInt(strings.Fields(procFieldB(b, "/proc/meminfo", "MemAvailable"))[0], 10, 64)
 		return v
 	}
-	a0 := avail()
+	kernel := func() int64 {
+		var sum int64
+		for _, k := range []string{"Slab", "Percpu", "KernelStack", "PageTables", "VmallocUsed"} {
+			v, _ := strconv.ParseInt(strings.Fields(procFieldB(b, "/proc/meminfo", k))[0], 10, 64)
+			sum += v
+		}
+		return sum
+	}
+	a0, k0 := avail(), kernel()
 	var pids []int
 	for i := 0; i < b.N; i++ {
 		st, err := e.rt.Create(ctx, e.spec(fmt.Sprintf("idle%d", i)))
@@ -127,7 +135,7 @@ func BenchmarkIdleFootprint(b *testing.B) {
 		pids = append(pids, st.Pid)
 	}
 	time.Sleep(time.Second)
-	a1 := avail()
+	a1, k1 := avail(), kernel()
 	var pss, priv int64
 	for _, pid := range pids {
 		f := "/proc/" + strconv.Itoa(pid) + "/smaps_rollup"
@@ -138,9 +146,17 @@ func BenchmarkIdleFootprint(b *testing.B) {
 		priv += d + c
 	}
 	n := int64(len(pids))
+	// Everything charged to the sandboxes' cgroups (user and kernel memory
+	// of what ran after the init joined its group).
+	if g, err := e.cg.Load(ctx, e.parent); err == nil {
+		if st, err := g.Stats(); err == nil {
+			b.ReportMetric(float64(st.MemoryUsage)/1024/float64(n), "cgroup-charged-kB/sandbox")
+		}
+	}
 	b.ReportMetric(float64(pss)/float64(n), "init-pss-kB")
 	b.ReportMetric(float64(priv)/float64(n), "init-private-kB")
 	b.ReportMetric(float64(a0-a1)/float64(n), "memavail-drop-kB/sandbox")
+	b.ReportMetric(float64(k1-k0)/float64(n), "kernel-kB/sandbox")
 	for i := range pids {
 		if err := e.rt.Destroy(ctx, fmt.Sprintf("idle%d", i)); err != nil {
 			b.Fatal(err)

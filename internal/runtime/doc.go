@@ -36,6 +36,12 @@
 // sessions with no parent-death signal: they outlive the server, which
 // re-attaches with Adopt and reads results with ExecResult.
 //
+// The overlay is mounted with "volatile": the sandbox's sync and fsync
+// calls, and the unmount at teardown, do not sync the host's file system
+// (a sandbox does not survive a host crash anyway; the sync made teardown
+// ~2x slower here). Snapshots read the upper while the sandbox runs and
+// must make their own copy durable.
+//
 // Waiting uses pidfds registered with Go's poller, so thousands of idle
 // sandboxes do not hold thousands of threads in wait4.
 //
@@ -46,5 +52,7 @@
 // Disk limits: see package rootfs. DiskBytes == 0 means no separate file
 // system: the upper lives on the data dir's file system.
 //
-// Not supported yet: Process.Tty (ErrNotImplemented).
+// Process.Tty gives the process a pty from the sandbox's own devpts
+// instance (80x24; stdout and stderr merged onto Stdout, stdin copied in by
+// the shim).
 package runtime

@@ -25,12 +25,12 @@ import (
 
 // Files of one exec under <Spec.Dir>/execs/<execID>/.
 const (
-	execsDir       = "execs"
-	resultFile     = "result.json"
-	pendingFile    = "result.json.tmp" // "running <shim pid> <start time>" while it runs
-	StdoutLog      = "stdout"
-	StderrLog      = "stderr"
-	olderHalfSufix = ".1"
+	execsDir        = "execs"
+	resultFile      = "result.json"
+	pendingFile     = "result.json.tmp" // "running <shim pid> <start time>" while it runs
+	StdoutLog       = "stdout"
+	StderrLog       = "stderr"
+	olderHalfSuffix = ".1"
 )
 
 var execIDRE = regexp.MustCompile(`^[0-9a-f]{16}$`)
@@ -60,9 +60,6 @@ func validateProcess(p *Process) error {
 	}
 	if p.Timeout < 0 || p.OutputCap < 0 {
 		return fmt.Errorf("negative timeout or output cap: %w", errdefs.ErrInvalidArgument)
-	}
-	if p.Tty {
-		return fmt.Errorf("tty execs: %w", errdefs.ErrNotImplemented)
 	}
 	return nil
 }
@@ -176,6 +173,11 @@ func (r *NamespaceRuntime) Start(ctx context.Context, id string, p Process, pio 
 		c.AddInt(shim.TTimeoutMS, max(1, p.Timeout.Milliseconds()))
 	}
 	c.AddInt(shim.TOutCap, outCap)
+	if p.Tty {
+		// stdout and stderr are both the terminal; the output arrives on
+		// Stdout.
+		c.Add(shim.TTTYRoot, "/proc/"+strconv.Itoa(sb.init.pid)+"/root")
+	}
 	for _, path := range sb.group.Paths() {
 		c.Add(shim.TCgroup, path)
 	}
@@ -193,42 +195,35 @@ func (r *NamespaceRuntime) Start(ctx context.Context, id string, p Process, pio 
 			unix.Close(fd)
 		}
 	}()
-	var outs []*os.File
+	type outCopy struct {
+		f *os.File
+		w io.Writer
+	}
+	var copies []outCopy
+	defer func() {
+		if err != nil {
+			for _, c := range copies {
+				c.f.Close()
+			}
+		}
+	}()
 	for i, w := range []io.Writer{pio.Stdout, pio.Stderr} {
 		if w == nil {
 			continue
 		}
-		rd, wr, err := pipe()
-		if err != nil {
-			return nil, err
+		rd, wr, perr := pipe()
+		if perr != nil {
+			return nil, perr
 		}
 		_ = unix.SetNonblock(rd, true)
-		f := os.NewFile(uintptr(rd), "exec-out")
-		outs = append(outs, f)
-		defer func(f *os.File, w io.Writer) {
-			if err != nil {
-				f.Close()
-				return
-			}
-			e.copies.Add(1)
-			go func() {
-				defer e.copies.Done()
-				defer f.Close()
-				// Keep draining even if the caller's writer fails, so the
-				// shim never blocks on a full pipe.
-				_, cerr := io.Copy(w, f)
-				if cerr != nil {
-					_, _ = io.Copy(io.Discard, f)
-				}
-			}()
-		}(f, w)
+		copies = append(copies, outCopy{os.NewFile(uintptr(rd), "exec-out"), w})
 		stdio[1+i] = wr
 		closeAfter = append(closeAfter, wr)
 	}
 	if pio.Stdin != nil {
-		rd, wr, err := pipe()
-		if err != nil {
-			return nil, err
+		rd, wr, perr := pipe()
+		if perr != nil {
+			return nil, perr
 		}
 		_ = unix.SetNonblock(wr, true)
 		e.stdin = os.NewFile(uintptr(wr), "exec-stdin")
@@ -268,12 +263,26 @@ func (r *NamespaceRuntime) Start(ctx context.Context, id string, p Process, pio 
 		return nil, fmt.Errorf("exec in %s: %w", id, err)
 	}
 	if e.pid, err = strconv.Atoi(v); err != nil {
+		_ = st.proc.signal(unix.SIGKILL)
 		return nil, fmt.Errorf("exec shim status %q: %w", v, err)
 	}
 	if e.stdin != nil {
 		go func() {
 			_, _ = io.Copy(e.stdin, pio.Stdin)
 			e.stdin.Close()
+		}()
+	}
+	// Output copies are registered before finish can wait for them.
+	for _, c := range copies {
+		e.copies.Add(1)
+		go func() {
+			defer e.copies.Done()
+			defer c.f.Close()
+			// Keep draining even if the caller's writer fails, so the shim
+			// never blocks on a full pipe.
+			if _, cerr := io.Copy(c.w, c.f); cerr != nil {
+				_, _ = io.Copy(io.Discard, c.f)
+			}
 		}()
 	}
 	go e.finish()
@@ -371,7 +380,7 @@ func (r *NamespaceRuntime) ExecOutput(id, execID, stream string) ([]byte, error)
 	if err != nil {
 		return nil, err
 	}
-	older, err := os.ReadFile(filepath.Join(dir, stream+olderHalfSufix))
+	older, err := os.ReadFile(filepath.Join(dir, stream+olderHalfSuffix))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package runtime_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"runtime"
 	"testing"
@@ -65,4 +66,63 @@ func TestCreateHonoursContext(t *testing.T) {
 	}
 	// The id is free again.
 	e.create("ctx1")
+}
+
+// TestConcurrentExecs runs execs in parallel in one sandbox and in several
+// sandboxes; each gets its own output and result.
+func TestConcurrentExecs(t *testing.T) {
+	e := newEnv(t)
+	e.create("conc1")
+	e.create("conc2")
+	errs := make(chan error, 40)
+	for i := range 40 {
+		go func() {
+			id := []string{"conc1", "conc2"}[i%2]
+			want := fmt.Sprintf("%s-%d", id, i)
+			r, err := e.run(id, dsrt.Process{Args: []string{"sh", "-c", "echo $X; exit $(( $Y % 7 ))"}, Env: []string{"X=" + want, fmt.Sprintf("Y=%d", i)}}, "")
+			switch {
+			case err != nil:
+				errs <- err
+			case r.stdout != want+"\n" || r.ExitCode != i%7:
+				errs <- fmt.Errorf("exec %d: %q exit %d", i, r.stdout, r.ExitCode)
+			default:
+				errs <- nil
+			}
+		}()
+	}
+	for range 40 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestDestroyWithRunningExecs: execs (and their shims, which live outside
+// the pid namespace) do not survive or block a destroy.
+func TestDestroyWithRunningExecs(t *testing.T) {
+	e := newEnv(t)
+	st := e.create("busy")
+	var exs []dsrt.Exec
+	for range 3 {
+		ex, err := e.rt.Start(context.Background(), "busy", dsrt.Process{Args: []string{"sh", "-c", "sleep 30 & sleep 30"}}, dsrt.IO{Stdout: &countWriter{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		exs = append(exs, ex)
+	}
+	paths := e.groupPaths(st)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.rt.Destroy(ctx, "busy"); err != nil {
+		t.Fatal(err)
+	}
+	// Each exec ends either killed (when its shim recorded that in time) or
+	// with an error (its shim was killed first); none hangs.
+	for _, ex := range exs {
+		res, err := ex.Wait(ctx)
+		if ctx.Err() != nil || (err == nil && res.Signal != "SIGKILL") {
+			t.Fatalf("wait after destroy: %+v %v (ctx %v)", res, err, ctx.Err())
+		}
+	}
+	e.assertGone(st, paths)
 }

@@ -70,7 +70,9 @@ func TestMemoryBombIsOOMKilledInside(t *testing.T) {
 	e := newEnv(t)
 	e.create("membomb", func(s *runtime.Spec) {
 		s.Resources.MemoryLimit = 48 << 20
-		s.Resources.SwapLimit = 0
+		// One page: no swap to escape to when the host has some (0 means
+		// unlimited in cgroups.Resources).
+		s.Resources.SwapLimit = 4096
 	})
 	e.create("membystander")
 	r, err := e.run("membomb", runtime.Process{Args: []string{"tail", "/dev/zero"}, Timeout: 60 * time.Second}, "")
@@ -148,6 +150,10 @@ func TestDiskLimit(t *testing.T) {
 	// The other sandboxes are unaffected.
 	e.mustSh("disk2", "dd if=/dev/zero of=/f bs=1M count=16 2>/dev/null && sync && test $(wc -c < /f) = 16777216")
 	e.mustSh("nodisk", "dd if=/dev/zero of=/f bs=1M count=40 2>/dev/null && test $(wc -c < /f) = 41943040")
+	// The init's handle on the disk root is out of the sandbox's reach.
+	if out := e.mustSh("disk1", "ls /proc/1/fd/3/ >/dev/null 2>&1 || echo denied"); out != "denied\n" {
+		t.Fatalf("init's disk fd reachable: %q", out)
+	}
 	// The sandbox itself still works after filling its disk, and can free space.
 	e.mustSh("disk1", "rm /big && echo ok > /small && cat /small")
 	// The upper is reachable from the host through the init.

@@ -21,7 +21,9 @@ var lowerDir string
 
 func TestMain(m *testing.M) {
 	code := func() int {
-		if os.Geteuid() == 0 {
+		// The helper server of TestAdoptAfterServerRestart is SIGKILLed and
+		// gets its lower dir from the parent.
+		if os.Geteuid() == 0 && os.Getenv("DSEC_HELPER_SERVER") == "" {
 			dir, err := os.MkdirTemp("", "dsec-rt-lower-")
 			if err != nil {
 				fmt.Fprintln(os.Stderr, err)

@@ -22,12 +22,15 @@ import base64
 import contextlib
 import datetime
 import http.client
+import io
 import ipaddress
 import json
 import math
 import os
 import re
+import select
 import socket
+import ssl
 import threading
 import urllib.parse
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
@@ -387,6 +390,29 @@ class Client:
         if self._tls:
             return http.client.HTTPSConnection(self._host, self._port, timeout=timeout)
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+    def _socket(self, timeout: Optional[float]) -> socket.socket:
+        """A connected socket to the server (TLS for https)."""
+        if self._unix:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(timeout)
+            try:
+                s.connect(self._unix)
+            except OSError:
+                s.close()
+                raise
+            return s
+        port = self._port or (443 if self._tls else 80)
+        s = socket.create_connection((self._host, port), timeout=timeout)
+        if self._tls:
+            s = ssl.create_default_context().wrap_socket(s, server_hostname=self._host)
+        return s
+
+    def _head(self, method: str, path: str, headers: dict) -> bytes:
+        host = "dsec" if self._unix else (self._host if not self._port else "%s:%d" % (self._host, self._port))
+        lines = ["%s %s HTTP/1.1" % (method, path), "Host: " + host]
+        lines += ["%s: %s" % kv for kv in headers.items()]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
     def _headers(self, extra: Optional[dict] = None) -> dict:
         h = {"User-Agent": "dsec-python", "Accept": "application/json"}
@@ -787,29 +813,44 @@ class Sandbox:
         arrives."""
         req = self._exec_request(cmd, cwd, env, user, timeout, output_cap, tag)
         line = json.dumps(req).encode() + b"\n"
-        conn = self._client._conn(None)  # an exec may run for hours
         path = self._path("/exec")
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        if isinstance(stdin, (bytes, bytearray)) and len(stdin) > (64 << 10):
+            stdin = io.BytesIO(stdin)  # large: stream it so output is read meanwhile
+        # The exec speaks HTTP/1.1 on a socket of its own rather than
+        # through http.client's connection object: stdin must keep flowing
+        # from a thread after the reply has started, and http.client drops
+        # its socket as soon as a reply says "Connection: close".
+        headers = self._client._headers({"Content-Type": "application/x-ndjson", "Accept": "application/x-ndjson"})
         feeder = None
+        sock = None
         try:
-            if stdin is None or isinstance(stdin, (bytes, bytearray, str)):
-                body = line + (stdin.encode() if isinstance(stdin, str) else bytes(stdin or b""))
-                conn.request("POST", path, body=body, headers=self._client._headers(
-                    {"Content-Type": "application/x-ndjson", "Accept": "application/x-ndjson"}))
+            sock = self._client._socket(self._client.timeout)
+            # Blocking from here on: the feeder thread writes while this
+            # one reads, and a socket's timeout mode must not change under
+            # a concurrent sendall. The wait for the reply is bounded below.
+            sock.settimeout(None)
+            if stdin is None or isinstance(stdin, (bytes, bytearray)):
+                body = line + bytes(stdin or b"")
+                headers["Content-Length"] = str(len(body))
+                sock.sendall(self._client._head("POST", path, headers) + body)
             else:
-                # Stream stdin from a thread so output is read meanwhile
-                # (full duplex): a process that writes before it reads
-                # would otherwise deadlock against a large stdin.
-                conn.putrequest("POST", path, skip_accept_encoding=True)
-                for k, v in self._client._headers({"Content-Type": "application/x-ndjson",
-                                                   "Accept": "application/x-ndjson",
-                                                   "Transfer-Encoding": "chunked"}).items():
-                    conn.putheader(k, v)
-                conn.endheaders()
-                feeder = _StdinFeeder(conn, line, stdin)
+                headers["Transfer-Encoding"] = "chunked"
+                sock.sendall(self._client._head("POST", path, headers))
+                feeder = _StdinFeeder(sock, line, stdin)
                 feeder.start()
-            resp = conn.getresponse()
+            if not select.select([sock], [], [], self._client.timeout)[0]:
+                raise socket.timeout("no reply to POST %s within %ss" % (path, self._client.timeout))
+            # Once it has started, output may pause for as long as the
+            # process runs: no timeout on reading it.
+            resp = http.client.HTTPResponse(sock, method="POST")
+            resp.begin()
         except (OSError, http.client.HTTPException) as e:
-            conn.close()
+            if feeder is not None:
+                feeder.stop()
+            if sock is not None:
+                sock.close()
             raise Unavailable("cannot reach dsec server at %s: %s" % (self._client.addr, e)) from e
         try:
             if resp.status // 100 != 2:
@@ -831,7 +872,8 @@ class Sandbox:
         finally:
             if feeder is not None:
                 feeder.stop()
-            conn.close()
+            resp.close()
+            sock.close()
 
     def exec(self, cmd: Union[str, List[str]], *, cwd: Optional[str] = None, env=None, user: Optional[str] = None,
              timeout=None, stdin=None, output_cap=None, tag: Optional[str] = None) -> ExecResult:
@@ -849,9 +891,9 @@ class Sandbox:
 class _StdinFeeder(threading.Thread):
     """Writes the exec request line and then stdin as HTTP chunks."""
 
-    def __init__(self, conn: http.client.HTTPConnection, line: bytes, stdin):
+    def __init__(self, sock: socket.socket, line: bytes, stdin):
         super().__init__(daemon=True)
-        self._conn, self._line, self._stdin = conn, line, stdin
+        self._sock, self._line, self._stdin = sock, line, stdin
         self._stopped = threading.Event()
         self.error: Optional[BaseException] = None
 
@@ -874,8 +916,8 @@ class _StdinFeeder(threading.Thread):
         try:
             for b in self._chunks():
                 if b:
-                    self._conn.send(b"%x\r\n%s\r\n" % (len(b), b))
-            self._conn.send(b"0\r\n\r\n")
+                    self._sock.sendall(b"%x\r\n%s\r\n" % (len(b), b))
+            self._sock.sendall(b"0\r\n\r\n")
         except (OSError, ValueError) as e:  # the exec ended or the connection closed
             self.error = e
 

@@ -183,6 +183,10 @@ class TestExec(ServerTest):
     def test_stdin(self):
         self.assertEqual(self.sb.exec(["cat"], stdin=b"hello").stdout, "hello")
         self.assertEqual(self.sb.exec(["cat"], stdin="text").stdout, "text")
+        # Output larger than pipe and socket buffers while stdin is still
+        # being sent: needs stdin and output to flow at the same time.
+        r = self.sb.exec(["cat"], stdin=b"y" * (4 << 20))
+        self.assertEqual(len(r.stdout_bytes), 4 << 20)
         big = io.BytesIO(b"x" * (1 << 20))
         self.assertEqual(self.sb.exec(["wc", "-c"], stdin=big).stdout.strip(), str(1 << 20))
 

@@ -6,6 +6,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/openat2.h>
+#include <sys/ioctl.h>
+#include <termios.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -61,6 +64,20 @@ struct user {
 	int ngroups;
 };
 
+// open_db opens a sandbox account file; a FIFO or device planted there
+// must not hang the exec.
+static FILE *open_db(const char *path) {
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+	struct stat st;
+	if (fd < 0)
+		return NULL;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return NULL;
+	}
+	return fdopen(fd, "r");
+}
+
 static int has_member(char *list, const char *name) {
 	for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ","))
 		if (strcmp(tok, name) == 0)
@@ -81,7 +98,7 @@ static int lookup_user(const char *spec, struct user *u, char *msg, size_t msgle
 	if (byid)
 		u->uid = (uid_t)strtoul(buf, NULL, 10);
 	strcpy(u->home, "/");
-	FILE *pw = fopen("/etc/passwd", "re");
+	FILE *pw = open_db("/etc/passwd");
 	while (pw && fgets(line, sizeof line, pw)) {
 		if (split_fields(line, f, 7) < 7)
 			continue;
@@ -101,11 +118,11 @@ static int lookup_user(const char *spec, struct user *u, char *msg, size_t msgle
 		return -1;
 	}
 	if (!found && byid)
-		u->gid = u->uid == 0 ? 0 : u->uid;
+		u->gid = 0; // as docker: a uid without a passwd entry gets group 0
 	int gbyid = grp && all_digits(grp), gfound = 0;
 	if (gbyid)
 		u->gid = (gid_t)strtoul(grp, NULL, 10);
-	FILE *gr = fopen("/etc/group", "re");
+	FILE *gr = open_db("/etc/group");
 	while (gr && fgets(line, sizeof line, gr)) {
 		if (split_fields(line, f, 4) < 4)
 			continue;
@@ -147,15 +164,21 @@ static void child_fail(int fd, const char *kind, int err, const char *msg) {
 	_exit(127);
 }
 
-static void run_child(struct cfg *c, int outw, int errw, int errp) {
+// run_child becomes the process. With a tty (tty >= 0, the pty's slave)
+// it is the stdio and controlling terminal; otherwise outw/errw are.
+static void run_child(struct cfg *c, int outw, int errw, int tty, int errp) {
 	char msg[1024];
 	// pid_for_children was set by the parent; join the rest here so the
 	// shim itself keeps the host's mount namespace (and its log paths).
 	if (setns(FD_AUX, CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWCGROUP))
 		child_fail(errp, "internal", errno, "join sandbox namespaces");
-	if (dup2(outw, 1) < 0 || dup2(errw, 2) < 0)
-		child_fail(errp, "internal", errno, "dup stdio");
 	setsid();
+	if (tty >= 0) {
+		if (dup2(tty, 0) < 0 || dup2(tty, 1) < 0 || dup2(tty, 2) < 0 || ioctl(0, TIOCSCTTY, 0) < 0)
+			child_fail(errp, "internal", errno, "set up terminal");
+	} else if (dup2(outw, 1) < 0 || dup2(errw, 2) < 0) {
+		child_fail(errp, "internal", errno, "dup stdio");
+	}
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
@@ -307,6 +330,31 @@ static unsigned long long self_start_time(void) {
 	return p ? strtoull(p, NULL, 10) : 0;
 }
 
+// open_pty opens a pty pair on the sandbox's own devpts instance, reached
+// through root (/proc/<init>/root) without following anything the sandbox
+// could have planted. Returns the master, sets *slave.
+static int open_pty(const char *root, int *slave) {
+	int rootfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (rootfd < 0)
+		return -1;
+	struct open_how how;
+	memset(&how, 0, sizeof how);
+	how.flags = O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK;
+	how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+	int m = (int)syscall(SYS_openat2, rootfd, "dev/pts/ptmx", &how, sizeof how);
+	close(rootfd);
+	if (m < 0)
+		return -1;
+	int unlock = 0;
+	struct winsize ws = {.ws_row = 24, .ws_col = 80};
+	if (ioctl(m, TIOCSPTLCK, &unlock) < 0 || ioctl(m, TIOCSWINSZ, &ws) < 0 ||
+	    (*slave = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0) {
+		close(m);
+		return -1;
+	}
+	return m;
+}
+
 static const char *sig_name(int sig, char *buf, size_t n) {
 	const char *a = sigabbrev_np(sig);
 	if (a)
@@ -328,6 +376,9 @@ int shim_exec(void) {
 		report(FD_STATUS, "invalid", 0, "no exec dir");
 		return 1;
 	}
+	// Like the init, the shim must outlive an OOM kill in its sandbox so it
+	// can record the result; its child resets this to 0.
+	write_file("/proc/self/oom_score_adj", "-999");
 	// Join the sandbox's cgroup before anything is forked into it.
 	char **cgs;
 	if (cfg_all(&c, T_CGROUP, &cgs) < 0) {
@@ -355,17 +406,33 @@ int shim_exec(void) {
 	st[0].old = "stdout.1";
 	st[1].name = "stderr";
 	st[1].old = "stderr.1";
-	int pipes[2][2];
+	int pipes[2][2] = {{-1, -1}, {-1, -1}};
+	const char *ttyroot = cfg_get(&c, T_TTYROOT);
+	int master = -1, slave = -1;
+	if (ttyroot && (master = open_pty(ttyroot, &slave)) < 0) {
+		report(FD_STATUS, "internal", errno, "allocate a terminal");
+		return 1;
+	}
 	for (int i = 0; i < 2; i++) {
 		st[i].out = 1 + i;
 		fcntl(st[i].out, F_SETFL, fcntl(st[i].out, F_GETFL) | O_NONBLOCK);
 		st[i].file = -2;
+		st[i].in = -1;
+		if (master >= 0)
+			continue; // a terminal has one output stream: the master
 		if (pipe2(pipes[i], O_CLOEXEC)) {
 			report(FD_STATUS, "internal", errno, "open output");
 			return 1;
 		}
 		st[i].in = pipes[i][0];
 	}
+	if (master >= 0)
+		st[0].in = master;
+	// With a terminal the shim copies stdin to it (otherwise the process
+	// reads the shim's stdin directly).
+	int sin = master >= 0 ? 0 : -1;
+	char ibuf[4096];
+	size_t ipend = 0, ioff = 0;
 	// result.json.tmp says "running <shim pid> <start time>" until it is
 	// rewritten and renamed to result.json: a restarted server can tell a
 	// running exec from one whose shim was killed.
@@ -390,10 +457,14 @@ int shim_exec(void) {
 	}
 	if (pid == 0) {
 		close(errp[0]);
-		run_child(&c, pipes[0][1], pipes[1][1], errp[1]);
+		run_child(&c, pipes[0][1], pipes[1][1], slave, errp[1]);
 	}
-	close(pipes[0][1]);
-	close(pipes[1][1]);
+	if (master >= 0) {
+		close(slave);
+	} else {
+		close(pipes[0][1]);
+		close(pipes[1][1]);
+	}
 	close(errp[1]);
 	char ebuf[1200];
 	ssize_t en;
@@ -433,8 +504,15 @@ int shim_exec(void) {
 		}
 		if (exited && now >= drain)
 			break; // background processes still hold the pipes
-		struct pollfd pf[5];
-		int np = 0, idx[5];
+		struct pollfd pf[8];
+		int np = 0, idx[8];
+		if (ipend > 0 && st[0].in >= 0) {
+			pf[np] = (struct pollfd){master, POLLOUT, 0};
+			idx[np++] = 30;
+		} else if (sin >= 0 && !exited && st[0].in >= 0) {
+			pf[np] = (struct pollfd){sin, POLLIN, 0};
+			idx[np++] = 31;
+		}
 		for (int i = 0; i < 2; i++) {
 			if (st[i].pend > 0) {
 				pf[np] = (struct pollfd){st[i].out, POLLOUT, 0};
@@ -460,7 +538,19 @@ int shim_exec(void) {
 		for (int k = 0; r > 0 && k < np; k++) {
 			if (!pf[k].revents)
 				continue;
-			if (idx[k] == 20) {
+			if (idx[k] == 31) {
+				ssize_t n = read(sin, ibuf, sizeof ibuf);
+				if (n <= 0 && !(n < 0 && (errno == EINTR || errno == EAGAIN)))
+					sin = -1; // stdin ended
+				else if (n > 0)
+					ipend = (size_t)n, ioff = 0;
+			} else if (idx[k] == 30) {
+				ssize_t n = write(master, ibuf + ioff, ipend);
+				if (n > 0)
+					ioff += (size_t)n, ipend -= (size_t)n;
+				else if (n < 0 && errno != EINTR && errno != EAGAIN)
+					ipend = 0, sin = -1;
+			} else if (idx[k] == 20) {
 				waitpid(pid, &status, 0);
 				exited = 1;
 				drain = now_ns() + 100000000LL;

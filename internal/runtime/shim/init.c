@@ -63,6 +63,11 @@ static int mount_overlay(char **lower, const char *upper, const char *work, cons
 		else if (ok == 0)
 			ok = fsconfig(fs, FSCONFIG_SET_STRING, "workdir", ref, 0), nfd++;
 	}
+	// volatile: no syncfs of the host file system when the overlay goes
+	// away or the sandbox calls sync/fsync. A sandbox does not survive a
+	// host crash anyway, and a sync per teardown costs a journal commit.
+	if (ok == 0 && upper)
+		ok = fsconfig(fs, FSCONFIG_SET_FLAG, "volatile", NULL, 0);
 	if (ok == 0)
 		ok = fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0);
 	int mnt = -1;
@@ -133,7 +138,10 @@ static const char *masked[] = {
 	"proc/kcore",       "proc/keys",        "proc/timer_list",   "proc/sched_debug",
 	"proc/kpagecgroup", "proc/kpageflags",  "proc/kpagecount",   "proc/latency_stats",
 	"proc/timer_stats", "proc/acpi",        "proc/scsi",         "proc/asound",
-	"sys/firmware",     "sys/devices/virtual/powercap", NULL,
+	"sys/firmware",     "sys/devices/virtual/powercap",
+	// Loop devices (sandbox disks among them) name their backing files
+	// here: the host's data dir and every other sandbox's ID.
+	"sys/devices/virtual/block", NULL,
 };
 
 static const char *readonly[] = {

@@ -55,6 +55,7 @@ const (
 	TOutCap     Tag = 20
 	TCgroup     Tag = 21
 	TDiskFSType Tag = 22
+	TTTYRoot    Tag = 23 // exec: allocate a pty from <value>/dev/pts/ptmx
 )
 
 // Config is the shim's parameter block: records of tag, little-endian

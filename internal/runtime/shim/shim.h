@@ -31,6 +31,7 @@ enum {
 	T_OUTCAP = 20,
 	T_CGROUP = 21,
 	T_DISKFSTYPE = 22,
+	T_TTYROOT = 23,
 };
 
 // Fixed descriptors handed over by the Go side.

@@ -1,5 +1,0 @@
-package node
-
-import "unsafe"
-
-func uintptrOf(p *uint64) uintptr { return uintptr(unsafe.Pointer(p)) }
