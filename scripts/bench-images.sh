@@ -122,7 +122,7 @@ log "(b) page cache growth of $NSB sandboxes"
 empty_cache
 [ "$DROP" = 1 ] && drop_caches
 ids=()
-for _ in $(seq "$NSB"); do ids+=("$(dsec sandbox create --image "$IMG" --memory 128Mi)"); done
+for _ in $(seq "$NSB"); do ids+=("$(dsec sandbox create --image "$IMG" --memory 128Mi --cpu 0.05)"); done
 for id in "${ids[@]}"; do dsec exec "$id" -- true; done # first-exec effects
 sleep 1
 c0=$(cached_kb)

@@ -224,12 +224,19 @@ type op struct {
 	done bool
 }
 
+// opTimeout bounds one operation once the run has been interrupted.
+const opTimeout = 5 * time.Minute
+
 // runParallel runs fn for i in [0,n) with at most p in flight and returns
-// each operation's timing. It stops starting new work when ctx ends.
+// each operation's timing. When ctx ends it starts nothing new but lets
+// operations in flight finish: a create cancelled mid-request may still
+// complete on the server after the client gave up, and would then escape
+// cleanup.
 func runParallel(ctx context.Context, n, p int, fn func(ctx context.Context, i int) error) []op {
 	ops := make([]op, n)
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	opBase := context.WithoutCancel(ctx)
 	for range min(p, n) {
 		wg.Add(1)
 		go func() {
@@ -239,8 +246,10 @@ func runParallel(ctx context.Context, n, p int, fn func(ctx context.Context, i i
 				if i >= n || ctx.Err() != nil {
 					return
 				}
+				octx, cancel := context.WithTimeout(opBase, opTimeout)
 				start := time.Now()
-				err := fn(ctx, i)
+				err := fn(octx, i)
+				cancel()
 				end := time.Now()
 				ops[i] = op{lat: end.Sub(start), end: end, err: err, done: true}
 			}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -107,6 +108,13 @@ func runLayerd(ctx context.Context, o *layerdOptions) error {
 	default:
 		return usagef("--layers %q: want lazy or unpacked", o.mode)
 	}
+	// The pid file lets `dsec layerd-stop` wait until the mounts are gone,
+	// which happens after the socket has closed.
+	pidFile := o.socket + ".pid"
+	if err := os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		return err
+	}
+	defer os.Remove(pidFile)
 	log.Info("layer daemon serving", "socket", o.socket, "layers", o.mode)
 	return d.Serve(ctx, o.socket)
 }

@@ -80,7 +80,7 @@ the server stops or is killed; started again, it adopts them.`,
 	f.StringVar(&o.configFile, "config", "", "operator config file (JSON): network presets, exceptions, protected ranges")
 	f.Float64Var(&o.cpu, "default-cpu", 1, "CPU request of a sandbox that names none (cores)")
 	f.StringVar(&o.memory, "default-memory", "512Mi", "memory limit of a sandbox that names none")
-	f.StringVar(&o.disk, "default-disk", "0", "disk limit of a sandbox that names none (0 = no separate file system)")
+	f.StringVar(&o.disk, "default-disk", "1Gi", "disk limit (private writable layer) of a sandbox that names none")
 	f.Int64Var(&o.pids, "default-pids", 512, "pids limit of a sandbox that names none")
 	f.StringVar(&o.swap, "swap", "", "compressed swap tier to set up while serving, e.g. zram:4Gi (off by default)")
 	f.DurationVar(&o.reclaimIdle, "reclaim-idle-after", 0, "push cold memory of sandboxes idle this long out (0 = off)")

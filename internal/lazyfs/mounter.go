@@ -217,12 +217,17 @@ func (m *Mounter) expire(mt *mount) {
 
 	m.mu.Lock()
 	delete(m.leaving, mt.digest)
-	if err != nil && !m.closed {
+	closed := m.closed
+	if err != nil && !closed {
 		// Still in use (e.g. an overlay on top): keep it for reuse and
 		// let Close detach it.
 		m.mounts[mt.digest] = mt
 	}
 	m.mu.Unlock()
+	if err != nil && closed {
+		// Close has already collected its mounts: detach this one here.
+		err = m.unmount(mt, true)
+	}
 	close(gone)
 	if err != nil {
 		m.log.Error("lazyfs: unmount failed, keeping the layer mounted", "layer", mt.digest, "dir", mt.dir, "err", err)

@@ -293,3 +293,29 @@ dsec_lazyfs_image_fetched_bytes_total{image="python:3.12"} 1.048576e+06
 		t.Fatal("stats for an unknown image")
 	}
 }
+
+func TestReleaseWhileOverlayOnTopKeepsMount(t *testing.T) {
+	e := newEnv(t, nil, 1<<30)
+	d := smallLayer(t, e.store)
+	dir, release, err := e.m.Acquire(context.Background(), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	merged := mountOverlay(t, dir)
+	release() // a caller bug: the overlay still uses the layer
+	if n := mountsUnder(t, dir); n != 1 {
+		t.Fatalf("layer under a live overlay was unmounted (%d mounts)", n)
+	}
+	if b, err := os.ReadFile(filepath.Join(merged, "f")); err != nil || string(b) != "content" {
+		t.Fatalf("overlay after the failed unmount: %q %v", b, err)
+	}
+	if !strings.Contains(e.logs.String(), "unmount failed") {
+		t.Fatal("failed unmount not logged")
+	}
+	// It can be acquired again and is still the same mount.
+	dir2, rel2, err := e.m.Acquire(context.Background(), d)
+	if err != nil || dir2 != dir {
+		t.Fatalf("re-acquire: %s %v", dir2, err)
+	}
+	rel2()
+}

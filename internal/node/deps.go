@@ -34,6 +34,13 @@ type LayerCommitter interface {
 	CommitUpper(ctx context.Context, baseRef, upperDir, newRef string) (string, error)
 }
 
+// ImageRemover is an optional role of the LayerCommitter: it deletes a
+// tag. The version stays readable by its pinned reference, and GC keeps
+// what live sandboxes pin.
+type ImageRemover interface {
+	Remove(ctx context.Context, ref string) error
+}
+
 // Network gives a sandbox egress according to a policy. Sandboxes whose
 // policy allows nothing are never attached.
 type Network interface {

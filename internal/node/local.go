@@ -353,6 +353,10 @@ func (l *Local) CreateSandbox(ctx context.Context, spec SandboxSpec) (*Sandbox, 
 			return nil, err
 		}
 		spec.Image = ref
+		// The fork runs on its pinned version (NAME@digest), which GC keeps
+		// while the fork lives; the hidden tag is only needed until then
+		// and would otherwise outlive every fork.
+		defer l.untag(context.WithoutCancel(ctx), ref)
 	}
 	if l.deps.Admission != nil {
 		if err := l.deps.Admission.Admit(ctx, spec); err != nil {
@@ -656,6 +660,16 @@ func (l *Local) Snapshot(ctx context.Context, id, imageRef string) (string, erro
 		base = sb.rec.Spec.Image
 	}
 	return l.deps.Committer.CommitUpper(ctx, base, upper, imageRef)
+}
+
+func (l *Local) untag(ctx context.Context, ref string) {
+	r, ok := l.deps.Committer.(ImageRemover)
+	if !ok {
+		return
+	}
+	if err := r.Remove(ctx, ref); err != nil && !errdefs.IsNotFound(err) {
+		l.log.Warn("node: removing a fork's hidden image tag", "image", ref, "err", err)
+	}
 }
 
 // forkImage snapshots the source into a hidden image version that the forks

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dsec-dev/dsec/internal/errdefs"
 )
 
@@ -35,6 +37,8 @@ type DiskPool struct {
 	wg    sync.WaitGroup
 	ctx   context.Context
 	stop  context.CancelFunc
+
+	tmplMu sync.Mutex // serialises making a size's template
 }
 
 // PoolOption configures a DiskPool.
@@ -148,10 +152,45 @@ func (p *DiskPool) refillLocked(size int64) {
 	}()
 }
 
-// format writes a sparse ext4 image: no journal (the sandbox's disk dies
+// format writes a sparse ext4 image of size to dst. mkfs runs once per
+// size, into a template; every later image is a sparse copy of it (only
+// the few hundred KiB of metadata are copied), which is an order of
+// magnitude cheaper than mkfs and keeps the pool ahead of fast creates.
+func (p *DiskPool) format(ctx context.Context, size int64, dst string) error {
+	tmpl, err := p.template(ctx, size)
+	if err != nil {
+		return err
+	}
+	tmp := dst + ".tmp"
+	if err := copySparse(tmpl, tmp); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("disk image from template: %w", err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// template returns the formatted image every image of size is copied from.
+func (p *DiskPool) template(ctx context.Context, size int64) (string, error) {
+	p.tmplMu.Lock()
+	defer p.tmplMu.Unlock()
+	path := filepath.Join(p.dir, "template-"+strconv.FormatInt(size, 10)+".img")
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	if err := mkfsImage(ctx, p.mkfs, size, path); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// mkfsImage writes a sparse ext4 image: no journal (the sandbox's disk dies
 // with it), no reserved blocks (the limit is exact, also for root), and no
 // inode table zeroing (a new sparse file reads as zeros).
-func (p *DiskPool) format(ctx context.Context, size int64, dst string) error {
+func mkfsImage(ctx context.Context, mkfs string, size int64, dst string) error {
 	tmp := dst + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -162,7 +201,7 @@ func (p *DiskPool) format(ctx context.Context, size int64, dst string) error {
 		err = cerr
 	}
 	if err == nil {
-		cmd := exec.CommandContext(ctx, p.mkfs, "-q", "-F", "-O", "^has_journal", "-m", "0",
+		cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-O", "^has_journal", "-m", "0",
 			"-E", "nodiscard,assume_storage_prezeroed=1", tmp)
 		if out, cerr := cmd.CombinedOutput(); cerr != nil {
 			err = fmt.Errorf("mkfs.ext4: %v: %s", cerr, out)
@@ -175,6 +214,61 @@ func (p *DiskPool) format(ctx context.Context, size int64, dst string) error {
 		_ = os.Remove(tmp)
 	}
 	return err
+}
+
+// copySparse copies src to dst keeping holes: only data extents are copied
+// (SEEK_DATA/SEEK_HOLE + copy_file_range, in the kernel).
+func copySparse(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	size := st.Size()
+	if err := out.Truncate(size); err != nil {
+		out.Close()
+		return err
+	}
+	sfd, dfd := int(in.Fd()), int(out.Fd())
+	var off int64
+	for off < size {
+		data, err := unix.Seek(sfd, off, unix.SEEK_DATA)
+		if err == unix.ENXIO {
+			break // only a hole is left
+		}
+		if err != nil {
+			out.Close()
+			return err
+		}
+		hole, err := unix.Seek(sfd, data, unix.SEEK_HOLE)
+		if err != nil {
+			out.Close()
+			return err
+		}
+		for pos := data; pos < hole; {
+			ro, wo := pos, pos
+			n, err := unix.CopyFileRange(sfd, &ro, dfd, &wo, int(hole-pos), 0)
+			if err != nil {
+				out.Close()
+				return err
+			}
+			if n == 0 {
+				out.Close()
+				return fmt.Errorf("copy %s: short copy at %d", src, pos)
+			}
+			pos += int64(n)
+		}
+		off = hole
+	}
+	return out.Close()
 }
 
 // Close stops refills and deletes the ready images.

@@ -283,8 +283,9 @@ func (s *Server) MustCLI(t testing.TB, args ...string) string {
 }
 
 // ImportImage builds the small test rootfs (scripts/mkrootfs.sh), lets
-// customize add to it (nil: nothing), and imports it as ref (public).
-func (s *Server) ImportImage(ref string, customize func(rootfs string) error) error {
+// customize add to it (nil: nothing), and imports it as ref with the
+// extra flags of `dsec image import` (--public, say).
+func (s *Server) ImportImage(ref string, customize func(rootfs string) error, flags ...string) error {
 	rootfs := filepath.Join(s.Dir, "rootfs-"+strings.NewReplacer(":", "-", "/", "-").Replace(ref))
 	if err := MakeRootfs(rootfs); err != nil {
 		return err
@@ -294,7 +295,7 @@ func (s *Server) ImportImage(ref string, customize func(rootfs string) error) er
 			return err
 		}
 	}
-	_, errOut, code, err := s.Run(nil, "image", "import", ref, rootfs)
+	_, errOut, code, err := s.Run(nil, append([]string{"image", "import", ref, rootfs}, flags...)...)
 	if err == nil && code != 0 {
 		err = fmt.Errorf("dsec image import %s: exit %d: %s", ref, code, errOut)
 	}

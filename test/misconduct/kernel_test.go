@@ -1,0 +1,157 @@
+package misconduct
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/dsec-dev/dsec/client"
+)
+
+// ioctlNames are the extent-sharing and extent-swapping ioctls the tool
+// tries; XFS_IOC_SWAPEXT is the one the issue reports.
+var ioctlNames = []string{"FICLONE", "FICLONERANGE", "FIDEDUPERANGE", "XFS_IOC_SWAPEXT", "XFS_IOC_EXCHANGE_RANGE"}
+
+// Swapping or sharing extents with a protected file gets around its
+// permissions (and around per-sandbox disk accounting). The filter answers
+// EOPNOTSUPP, what a file system without reflink says; on fd -1 the kernel
+// would say EBADF, so EOPNOTSUPP there proves the filter saw the call.
+func TestExtentIoctlsBlocked(t *testing.T) {
+	// The control: on the host, the kernel itself answers fd -1.
+	out, err := exec.Command(suite.attack, "ioctls", t.TempDir()).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var host map[string]string
+	if err := json.Unmarshal(out, &host); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range ioctlNames {
+		if got := host[n+"/badfd"]; got != "EBADF" {
+			t.Fatalf("host control: %s on fd -1 = %s, want EBADF", n, got)
+		}
+	}
+
+	id := newSandbox(t, client.SandboxSpec{DiskBytes: 64 << 20})
+	putAttack(t, id)
+	for _, dir := range []string{"/workspace", "/tmp"} {
+		for _, user := range []string{"", "user"} {
+			if user != "" {
+				sh(t, id, "mkdir -p "+dir+"/u && chown user "+dir+"/u")
+			}
+			d := dir
+			if user != "" {
+				d = dir + "/u"
+			}
+			var got map[string]string
+			attack(t, id, user, &got, "ioctls", d)
+			for _, n := range ioctlNames {
+				for _, target := range []string{"file", "badfd"} {
+					if e := got[n+"/"+target]; e != "ENOTSUP" {
+						t.Errorf("%s (user %q) %s on %s: %s, want EOPNOTSUPP from the filter", dir, user, n, target, e)
+					}
+				}
+			}
+			// dst still holds its own data, not src's.
+			if sum := sh(t, id, "tr -d d < "+d+"/dst | wc -c"); strings.TrimSpace(sum) != "0" {
+				t.Errorf("%s: dst changed: %s bytes not 'd'", d, sum)
+			}
+		}
+	}
+	assertHealthy(t)
+}
+
+// Kernel interfaces that are not namespaced or have a history of escapes
+// (mount, new user namespaces, keyrings, bpf, perf, kexec, modules, ...)
+// fail with EPERM; io_uring looks absent (ENOSYS). The tool's arguments
+// make the kernel itself answer something else, so EPERM is the
+// sandbox's doing.
+func TestDangerousSyscallsDenied(t *testing.T) {
+	id := newSandbox(t, client.SandboxSpec{})
+	putAttack(t, id)
+	want := map[string]string{"io_uring_setup": "ENOSYS"}
+	for _, user := range []string{"", "user"} {
+		var got map[string]string
+		duringAttack(t, func() { attack(t, id, user, &got, "syscalls") })
+		if len(got) < 20 {
+			t.Fatalf("only %d syscalls tried: %v", len(got), got)
+		}
+		for name, e := range got {
+			w := want[name]
+			if w == "" {
+				w = "EPERM"
+			}
+			if e != w {
+				t.Errorf("user %q: %s = %s, want %s", user, name, e, w)
+			}
+		}
+	}
+	// The same through the image's own tools.
+	r := execIn(t, id, client.ExecRequest{Shell: "unshare -U true 2>&1; echo unshare=$?; mount -t tmpfs x /mnt 2>&1; echo mount=$?"})
+	if !strings.Contains(r.stdout, "unshare=1") || !strings.Contains(r.stdout, "mount=") || strings.Contains(r.stdout, "mount=0") {
+		t.Errorf("unshare/mount from busybox: %q", r.stdout)
+	}
+	assertHealthy(t)
+}
+
+// Overwriting /bin/bash (or busybox, which every applet is) changes only
+// the attacker's private layer: a bystander and a fresh sandbox of the
+// same image run the original, and the image's files on the host are
+// untouched. Also through the file API, which writes with the sandbox's
+// view, not the host's.
+func TestOverwriteSystemBinaries(t *testing.T) {
+	want := map[string]string{}
+	for _, f := range []string{"bin/bash", "bin/busybox"} {
+		b, err := os.ReadFile(filepath.Join(suite.rootfs, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(b)
+		want["/"+f] = hex.EncodeToString(sum[:])
+	}
+	want["/bin/sh"] = want["/bin/busybox"] // a symlink to it
+	id := newSandbox(t, client.SandboxSpec{})
+	// A non-root agent cannot; root in the sandbox can, in its own layer.
+	if r := execIn(t, id, client.ExecRequest{User: "user", Shell: "echo pwned > /bin/bash"}); r.ExitCode == 0 {
+		t.Error("user 1000 overwrote /bin/bash")
+	}
+	sh(t, id, `cp /bin/busybox /tmp/bb
+printf '#!/tmp/bb sh\necho pwned-bash\n' > /bin/bash
+/tmp/bb cp /bin/bash /bin/busybox.new
+/tmp/bb mv /bin/busybox.new /bin/busybox`)
+	if out := sh(t, id, "/bin/bash"); out != "pwned-bash\n" {
+		t.Fatalf("attacker's /bin/bash: %q", out)
+	}
+	suite.srv.MustCLI(t, "file", "put", "--mode", "0755", id, suite.attack, "/bin/sh")
+
+	check := func(sb string) {
+		t.Helper()
+		r := execIn(t, sb, client.ExecRequest{Args: []string{"sha256sum", "/bin/bash", "/bin/busybox", "/bin/sh"}})
+		for f, sum := range want {
+			if !strings.Contains(r.stdout, sum+"  "+f) {
+				t.Errorf("%s: %s is not the image's: %q", sb, f, r.stdout)
+			}
+		}
+		if out := sh(t, sb, "echo 'echo $BASH_VERSION' | /bin/bash"); !strings.HasPrefix(out, "5.") && !strings.HasPrefix(out, "4.") {
+			t.Errorf("%s: /bin/bash is not bash: %q", sb, out)
+		}
+	}
+	check(suite.bystander)
+	fresh := newSandbox(t, client.SandboxSpec{})
+	check(fresh)
+	for f, sum := range want {
+		b, err := os.ReadFile(filepath.Join(suite.rootfs, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := sha256.Sum256(b); hex.EncodeToString(s[:]) != sum {
+			t.Errorf("host copy of %s changed", f)
+		}
+	}
+	assertHealthy(t)
+}

@@ -1,0 +1,254 @@
+package misconduct
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dsec-dev/dsec/client"
+	"github.com/dsec-dev/dsec/test/testenv"
+	"golang.org/x/sys/unix"
+)
+
+// A fork bomb hits the sandbox's pids limit: forks fail inside, the count
+// never passes the limit, and the bystander and the server do not notice.
+func TestForkBomb(t *testing.T) {
+	const pids = 64
+	id := newSandbox(t, client.SandboxSpec{Pids: pids})
+	c := admin(t)
+	var peak int64
+	duringAttack(t, func() {
+		done := make(chan result, 1)
+		go func() {
+			done <- execIn(t, id, client.ExecRequest{Shell: "f(){ f | f & }; f; sleep 4", Timeout: 20 * time.Second})
+		}()
+		deadline := time.After(30 * time.Second)
+		for {
+			select {
+			case r := <-done:
+				if !strings.Contains(r.stderr, "can't fork") && !strings.Contains(r.stderr, "Resource temporarily unavailable") {
+					t.Errorf("the bomb never hit the limit: stderr %q", r.stderr[:min(len(r.stderr), 300)])
+				}
+				return
+			case <-deadline:
+				t.Fatal("fork bomb exec did not end")
+			case <-time.After(200 * time.Millisecond):
+				if st, err := c.Stats(context.Background(), id); err == nil && st.PidsCurrent > peak {
+					peak = st.PidsCurrent
+				}
+			}
+		}
+	})
+	t.Logf("peak pids %d of %d", peak, pids)
+	if peak > pids {
+		t.Errorf("pids reached %d, limit %d", peak, pids)
+	}
+	// The sandbox itself recovers once the bomb's processes die out, and
+	// deleting it (the usual response) works and leaves nothing.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r := execIn(t, id, client.ExecRequest{Shell: "pkill -9 sh; echo ok"})
+		if r.ExitCode == 0 && strings.HasSuffix(r.stdout, "ok\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox never recovered from the fork bomb: %+v %q", r.ExecResult, r.stderr)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	assertHealthy(t)
+}
+
+// A memory bomb is killed inside its sandbox by the OOM killer at the
+// sandbox's limit; the sandbox keeps running and reports the kill.
+func TestMemoryBomb(t *testing.T) {
+	id := newSandbox(t, client.SandboxSpec{MemoryBytes: 64 << 20})
+	putAttack(t, id)
+	var r result
+	duringAttack(t, func() {
+		r = execIn(t, id, client.ExecRequest{Args: []string{attackPath, "memhog", "1024"}, Timeout: time.Minute})
+	})
+	if r.ExitCode == 0 || r.Signal != "SIGKILL" {
+		t.Errorf("memory bomb was not OOM-killed: %+v stdout %q", r.ExecResult, r.stdout)
+	}
+	st, err := admin(t).Stats(ctxT(t, 10*time.Second), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.OOMKills < 1 || st.State != client.StateRunning {
+		t.Errorf("after the bomb: state %s, %d OOM kills reported", st.State, st.OOMKills)
+	}
+	if out := sh(t, id, "echo survived"); out != "survived\n" {
+		t.Errorf("sandbox after the bomb: %q", out)
+	}
+	assertHealthy(t)
+}
+
+// Filling the disk stops at the sandbox's disk limit with ENOSPC, inside
+// that sandbox only; the bystander still writes, and the host file system
+// under the server lost at most the limit.
+func TestDiskFill(t *testing.T) {
+	const limit = 64 << 20
+	id := newSandbox(t, client.SandboxSpec{DiskBytes: limit})
+	freeBefore := hostFree(t)
+	var r result
+	duringAttack(t, func() {
+		r = execIn(t, id, client.ExecRequest{Shell: "dd if=/dev/zero of=/workspace/fill bs=1M count=1024", Timeout: time.Minute})
+	})
+	if r.ExitCode == 0 || !strings.Contains(r.stderr, "No space left on device") {
+		t.Errorf("dd past the limit: exit %d, stderr %q", r.ExitCode, r.stderr)
+	}
+	size := fileSize(t, id, "/workspace/fill")
+	if size > limit || size < limit/2 {
+		t.Errorf("filled %d bytes with a %d limit", size, limit)
+	}
+	if lost := freeBefore - hostFree(t); lost > 2*limit {
+		t.Errorf("host file system lost %d MiB to a %d MiB sandbox disk", lost>>20, limit>>20)
+	}
+	// Others are unaffected: a sandbox with its own disk writes 16 MiB.
+	other := newSandbox(t, client.SandboxSpec{DiskBytes: limit})
+	sh(t, other, "dd if=/dev/zero of=/workspace/f bs=1M count=16 2>/dev/null")
+	if fileSize(t, other, "/workspace/f") != 16<<20 {
+		t.Error("a neighbour could not write")
+	}
+	// The attacker recovers by deleting its file.
+	sh(t, id, "rm /workspace/fill && echo ok > /workspace/after")
+}
+
+// A log-file flood (`yes` into a log) is the same attack through a
+// program that never stops on its own: it ends at the disk limit.
+func TestLogFileFlood(t *testing.T) {
+	const limit = 64 << 20
+	id := newSandbox(t, client.SandboxSpec{DiskBytes: limit})
+	var r result
+	duringAttack(t, func() {
+		r = execIn(t, id, client.ExecRequest{Shell: "yes 'INFO step done, reward=0' > /workspace/train.log", Timeout: time.Minute})
+	})
+	if r.TimedOut || r.ExitCode == 0 || !strings.Contains(r.stderr, "No space left") {
+		t.Errorf("yes > log: %+v stderr %q", r.ExecResult, r.stderr)
+	}
+	if size := fileSize(t, id, "/workspace/train.log"); size > limit {
+		t.Errorf("log grew to %d bytes, limit %d", size, limit)
+	}
+	sh(t, id, "rm /workspace/train.log")
+}
+
+// Flooding stdout: the server streams what the client reads and keeps
+// only a capped tail on disk; its memory stays bounded, whether the client
+// reads everything or goes away.
+func TestStdoutFlood(t *testing.T) {
+	const outCap = 1 << 20
+	id := newSandbox(t, client.SandboxSpec{})
+	c := admin(t)
+	rssBefore, err := testenv.RSS(suite.srv.Pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A client that reads everything.
+	var streamed atomic.Int64
+	var res *client.ExecResult
+	duringAttack(t, func() {
+		res, err = c.Exec(ctxT(t, time.Minute), client.ExecRequest{SandboxID: id, Args: []string{"yes"}, Timeout: 5 * time.Second, OutputCap: outCap},
+			nil, countWriter{&streamed}, io.Discard)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("streamed %d MiB in 5s", streamed.Load()>>20)
+	if !res.TimedOut || !res.StdoutTruncated || streamed.Load() < 4*outCap {
+		t.Errorf("flood: %+v, %d bytes streamed", res, streamed.Load())
+	}
+	if kept := execDirSize(t, id, res.ExecID); kept > 3*outCap {
+		t.Errorf("server kept %d bytes of output, cap %d", kept, outCap)
+	}
+
+	// A client that goes away after the first bytes: the exec runs on to
+	// its timeout with nobody reading.
+	sess, err := c.StartExec(ctxT(t, time.Minute), client.ExecRequest{SandboxID: id, Args: []string{"yes", "flood"}, Timeout: 4 * time.Second, OutputCap: outCap}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sess.Close()
+	r2, err := c.WaitExec(ctxT(t, time.Minute), id, sess.ExecID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r2.TimedOut {
+		t.Errorf("abandoned flood: %+v", r2)
+	}
+	if kept := execDirSize(t, id, sess.ExecID); kept > 3*outCap {
+		t.Errorf("abandoned flood: server kept %d bytes, cap %d", kept, outCap)
+	}
+
+	// The CLI, piped into head, the way a grader's script would.
+	out, _, _ := suite.srv.CLI(t, "exec", "--timeout", "3s", id, "--", "sh", "-c", "yes | head -c 100000")
+	if len(out) != 100000 {
+		t.Errorf("CLI got %d bytes", len(out))
+	}
+
+	rssAfter, err := testenv.RSS(suite.srv.Pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("server RSS %d MiB -> %d MiB", rssBefore>>20, rssAfter>>20)
+	if rssAfter-rssBefore > 64<<20 {
+		t.Errorf("server RSS grew by %d MiB during the floods", (rssAfter-rssBefore)>>20)
+	}
+	assertHealthy(t)
+}
+
+type countWriter struct{ n *atomic.Int64 }
+
+func (w countWriter) Write(p []byte) (int, error) { w.n.Add(int64(len(p))); return len(p), nil }
+
+func fileSize(t *testing.T, id, path string) int64 {
+	t.Helper()
+	fi, err := admin(t).Stat(ctxT(t, 10*time.Second), id, path)
+	if err != nil {
+		t.Fatalf("stat %s: %v", path, err)
+	}
+	return fi.Size
+}
+
+// hostFree is the free space of the file system holding the server's data.
+func hostFree(t *testing.T) int64 {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(suite.srv.DataDir, &st); err != nil {
+		t.Fatal(err)
+	}
+	return int64(st.Bavail) * st.Bsize
+}
+
+// execDirSize sums the files the server keeps for one exec.
+func execDirSize(t *testing.T, sandboxID, execID string) int64 {
+	t.Helper()
+	var total int64
+	found := false
+	_ = filepath.Walk(suite.srv.DataDir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return nil
+		}
+		if fi.IsDir() && fi.Name() == execID && strings.Contains(p, sandboxID) {
+			found = true
+			ents, _ := os.ReadDir(p)
+			for _, e := range ents {
+				if info, err := e.Info(); err == nil {
+					total += info.Size()
+				}
+			}
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	if !found {
+		t.Fatalf("no directory for exec %s of %s under %s", execID, sandboxID, suite.srv.DataDir)
+	}
+	return total
+}
