@@ -23,11 +23,16 @@ static uint64_t now_ns(void) {
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* keep makes the touched memory observable, so the compiler cannot drop
+ * the allocation and the writes. */
+static unsigned char *volatile keep;
+
 static unsigned char *touch(size_t mb) {
 	size_t n = mb << 20;
 	unsigned char *p = malloc(n ? n : 1);
 	if (!p) { perror("malloc"); exit(1); }
 	for (size_t i = 0; i < n; i++) p[i] = (unsigned char)((i * 2654435761u) >> 13);
+	keep = p;
 	return p;
 }
 

@@ -59,6 +59,7 @@ func BenchmarkSequentialRead(b *testing.B) {
 			b.Fatal(err)
 		}
 		readAll(b, filepath.Join(dir, "big"), false, "")
+		e.cache.settle()
 		release() // remount: the file is now fully cached
 		layer := e.acquire(b, d)
 		merged := mountOverlay(b, layer)
@@ -190,12 +191,29 @@ func runPython(b *testing.B, root string) {
 // against the bytes the daemon served to the kernel.
 func BenchmarkPythonImportJSON(b *testing.B) {
 	store, d := pythonLayer(b)
-	var st Stats
+	var st, warm Stats
 	for b.Loop() {
 		e := newEnv(b, store, 1<<30, WithPrefetchWindow(-1))
-		runPython(b, mountOverlay(b, e.acquire(b, d)))
+		dir, release, err := e.m.Acquire(context.Background(), d)
+		if err != nil {
+			b.Fatal(err)
+		}
+		root := mountOverlay(b, dir)
+		runPython(b, root)
 		st, _ = e.m.LayerStats(d)
+		if err := unix.Unmount(root, 0); err != nil {
+			b.Fatal(err)
+		}
+		e.cache.settle()
+		release()
+		// A later sandbox on a fresh mount with the node cache warm: the
+		// files read are whole in the cache and served by passthrough.
+		runPython(b, mountOverlay(b, e.acquire(b, d)))
+		after, _ := e.m.LayerStats(d)
+		warm = Stats{FetchedBytes: after.FetchedBytes - st.FetchedBytes, ReadBytes: after.ReadBytes - st.ReadBytes}
 	}
+	b.ReportMetric(float64(warm.FetchedBytes)/(1<<20), "warm-fetched-MiB")
+	b.ReportMetric(float64(warm.ReadBytes)/(1<<20), "warm-daemon-read-MiB")
 	b.ReportMetric(float64(st.ImageBytes)/(1<<20), "image-MiB")
 	b.ReportMetric(float64(st.FetchedBytes)/(1<<20), "fetched-MiB")
 	b.ReportMetric(100*float64(st.FetchedBytes)/float64(st.ImageBytes), "fetched-%")

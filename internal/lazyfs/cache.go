@@ -53,6 +53,7 @@ type ChunkCache struct {
 	lru       list.List // of *cacheEntry, most recently used at the front
 	used      int64
 	inflight  map[blob.Digest]*fetchCall
+	busy      sync.WaitGroup // fetches not yet stored
 	failures  map[blob.Digest]failure
 	mem       [memSlots]memChunk
 	memNext   int
@@ -410,6 +411,7 @@ func (c *ChunkCache) fetch(ctx context.Context, src blob.Reader, ch image.Chunk,
 	if !ok {
 		call = &fetchCall{done: make(chan struct{}), stored: make(chan struct{})}
 		c.inflight[ch.Digest] = call
+		c.busy.Add(1)
 		go c.runFetch(context.WithoutCancel(ctx), src, ch, r, prefetch, call)
 	}
 	c.mu.Unlock()
@@ -446,7 +448,12 @@ func (c *ChunkCache) runFetch(ctx context.Context, src blob.Reader, ch image.Chu
 		close(call.done)
 	}
 	close(call.stored)
+	c.busy.Done()
 }
+
+// settle waits until every fetch started so far is stored (tests use it to
+// make "fully cached" deterministic).
+func (c *ChunkCache) settle() { c.busy.Wait() }
 
 // fetchRetry fetches a chunk, retrying store errors with backoff; a corrupt
 // chunk is not retried.

@@ -249,6 +249,7 @@ func TestCacheFullStreamsAndEvicts(t *testing.T) {
 				t.Fatalf("file %d: %v", i, err)
 			}
 		}
+		e.cache.settle()
 		cs := e.cache.Stats()
 		if cs.Used > 3<<20 || cs.Evictions < 3 || cs.Uncached != 0 {
 			t.Fatalf("cache after 6 MiB through a 3 MiB cache: %+v", cs)
@@ -270,6 +271,7 @@ func TestCacheFullStreamsAndEvicts(t *testing.T) {
 		if _, err := os.ReadFile(filepath.Join(dir, "pinned")); err != nil {
 			t.Fatal(err)
 		}
+		e.cache.settle()
 		release()
 		mnt := e.acquire(t, d)
 		// A passthrough open pins the only cached entry: the cache is full.
@@ -285,6 +287,7 @@ func TestCacheFullStreamsAndEvicts(t *testing.T) {
 		if err != nil || !bytes.Equal(b, randData(31, 3<<20)) {
 			t.Fatalf("read with a full cache: %v", err)
 		}
+		e.cache.settle()
 		cs := e.cache.Stats()
 		if cs.Uncached != 3 || cs.Used != 1<<20 {
 			t.Fatalf("cache after streaming: %+v", cs)

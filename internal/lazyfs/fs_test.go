@@ -2,10 +2,13 @@ package lazyfs
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -271,6 +274,9 @@ func TestPageCacheSharedAcrossOverlays(t *testing.T) {
 	if res, tot := residentPages(t, filepath.Join(layer, "big")); res < tot*95/100 {
 		t.Fatalf("after one read %d of %d pages of the layer file are cached", res, tot)
 	}
+	// Chunk files are written out and dropped from the page cache in the
+	// background; let that finish so it does not count as the second read.
+	e.cache.settle()
 	before, _ := e.m.LayerStats(d)
 	cached := meminfoCached(t)
 	if b, err := os.ReadFile(filepath.Join(o2, "big")); err != nil || !bytes.Equal(b, data) {
@@ -279,7 +285,9 @@ func TestPageCacheSharedAcrossOverlays(t *testing.T) {
 	grew := meminfoCached(t) - cached
 	after, _ := e.m.LayerStats(d)
 	t.Logf("second sandbox read: daemon served %d bytes, Cached grew %d bytes (file %d)", after.ReadBytes-before.ReadBytes, grew, size)
-	if after.ReadBytes != before.ReadBytes || after.FetchedBytes != before.FetchedBytes {
+	// The kernel may reclaim a few pages in between; what matters is that
+	// the second sandbox does not get its own copy.
+	if after.ReadBytes-before.ReadBytes > size/20 || after.FetchedBytes != before.FetchedBytes {
 		t.Fatalf("second overlay read went to the daemon: %+v -> %+v", before, after)
 	}
 	if grew > size/2 {
@@ -303,6 +311,7 @@ func TestPassthroughForCachedFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	e.cache.settle()
 	release() // grace 0: unmounted, so the next mount decides modes afresh
 	if n := mountsUnder(t, dir); n != 0 {
 		t.Fatalf("layer still mounted after its last release")
@@ -328,5 +337,42 @@ func TestPassthroughForCachedFiles(t *testing.T) {
 	}
 	if cs := e.cache.Stats(); cs.Pinned == 0 {
 		t.Fatalf("open passthrough file does not pin its backing file: %+v", cs)
+	}
+}
+
+func TestMmapCachedAndPassthrough(t *testing.T) {
+	e := newEnv(t, nil, 1<<30)
+	src := t.TempDir()
+	data := randData(80, 3<<20+4321)
+	writeFile(t, filepath.Join(src, "lib.so"), data, 0o755)
+	d, _ := buildLayer(t, e.store, src, 1<<20)
+	sum := sha256.Sum256(data)
+	want := hex.EncodeToString(sum[:])
+	mmapRead := func(p string) string {
+		t.Helper()
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), "LAZYFS_MMAP_FILE="+p)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("mmap helper on %s: %v", p, err)
+		}
+		return string(out)
+	}
+	dir, release, err := e.m.Acquire(t.Context(), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mmapRead(filepath.Join(mountOverlay(t, dir), "lib.so")); got != want {
+		t.Fatalf("mmap through the daemon: %s, want %s", got, want)
+	}
+	e.cache.settle()
+	release()
+	dir = e.acquire(t, d)
+	before, _ := e.m.LayerStats(d)
+	if got := mmapRead(filepath.Join(mountOverlay(t, dir), "lib.so")); got != want {
+		t.Fatalf("mmap through passthrough: %s, want %s", got, want)
+	}
+	if after, _ := e.m.LayerStats(d); after.ReadBytes != before.ReadBytes {
+		t.Fatalf("passthrough mapping was served by the daemon (%d bytes)", after.ReadBytes-before.ReadBytes)
 	}
 }

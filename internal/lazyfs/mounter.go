@@ -314,20 +314,30 @@ func (m *Mounter) mount(ctx context.Context, mt *mount) error {
 
 // unmount stops prefetch, saves the recorded list and unmounts; detach
 // forces a lazy unmount when the mount is busy.
+//
+// An overlay stacked on the layer holds a private clone of the mount, so
+// the unmount succeeds while the overlay still reads through it: the
+// daemon keeps serving until the kernel drops the connection, which is why
+// this does not wait for the server to stop (go-fuse's Unmount would).
 func (m *Mounter) unmount(mt *mount, detach bool) error {
 	mt.stop()
 	mt.lfs.rec.flush()
-	err := mt.srv.Unmount()
-	if err != nil && detach {
-		if derr := syscall.Unmount(mt.dir, syscall.MNT_DETACH); derr == nil {
-			err = nil
-			// Detached: the kernel aborts the connection once unused.
-			go mt.srv.Wait()
+	var err error
+	for try := 0; try < 3; try++ {
+		// Right after the last close the kernel may still hold the files
+		// for a moment.
+		if err = syscall.Unmount(mt.dir, 0); err != syscall.EBUSY {
+			break
 		}
+		time.Sleep(time.Duration(try+1) * 10 * time.Millisecond)
+	}
+	if err != nil && detach {
+		err = syscall.Unmount(mt.dir, syscall.MNT_DETACH)
 	}
 	if err != nil {
 		return fmt.Errorf("unmount %s: %w", mt.dir, err)
 	}
+	go mt.srv.Wait()
 	if rerr := os.Remove(mt.dir); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 		m.log.Warn("lazyfs: remove mountpoint", "dir", mt.dir, "err", rerr)
 	}

@@ -294,28 +294,58 @@ dsec_lazyfs_image_fetched_bytes_total{image="python:3.12"} 1.048576e+06
 	}
 }
 
-func TestReleaseWhileOverlayOnTopKeepsMount(t *testing.T) {
+func TestReleaseWhileInUse(t *testing.T) {
 	e := newEnv(t, nil, 1<<30)
-	d := smallLayer(t, e.store)
-	dir, release, err := e.m.Acquire(context.Background(), d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	merged := mountOverlay(t, dir)
-	release() // a caller bug: the overlay still uses the layer
-	if n := mountsUnder(t, dir); n != 1 {
-		t.Fatalf("layer under a live overlay was unmounted (%d mounts)", n)
-	}
-	if b, err := os.ReadFile(filepath.Join(merged, "f")); err != nil || string(b) != "content" {
-		t.Fatalf("overlay after the failed unmount: %q %v", b, err)
-	}
-	if !strings.Contains(e.logs.String(), "unmount failed") {
-		t.Fatal("failed unmount not logged")
-	}
-	// It can be acquired again and is still the same mount.
-	dir2, rel2, err := e.m.Acquire(context.Background(), d)
-	if err != nil || dir2 != dir {
-		t.Fatalf("re-acquire: %s %v", dir2, err)
-	}
-	rel2()
+	src := t.TempDir()
+	writeFile(t, filepath.Join(src, "a"), []byte("first"), 0o644)
+	writeFile(t, filepath.Join(src, "b"), []byte("second"), 0o644)
+	d, _ := buildLayer(t, e.store, src, 1<<20)
+
+	t.Run("overlay on top", func(t *testing.T) {
+		dir, release, err := e.m.Acquire(context.Background(), d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		merged := mountOverlay(t, dir)
+		if b, err := os.ReadFile(filepath.Join(merged, "a")); err != nil || string(b) != "first" {
+			t.Fatalf("%q %v", b, err)
+		}
+		// A caller bug: the overlay still uses the layer. The overlay
+		// holds its own clone of the mount, so the layer's mountpoint goes
+		// but the daemon keeps serving the overlay.
+		release()
+		if n := mountsUnder(t, dir); n != 0 {
+			t.Fatalf("%d mounts at the released layer", n)
+		}
+		if b, err := os.ReadFile(filepath.Join(merged, "b")); err != nil || string(b) != "second" {
+			t.Fatalf("overlay after its layer was released: %q %v", b, err)
+		}
+	})
+	t.Run("open file", func(t *testing.T) {
+		dir, release, err := e.m.Acquire(context.Background(), d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(filepath.Join(dir, "a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		release()
+		if n := mountsUnder(t, dir); n != 1 {
+			t.Fatalf("busy layer was unmounted (%d mounts)", n)
+		}
+		if !strings.Contains(e.logs.String(), "unmount failed") {
+			t.Fatal("failed unmount not logged")
+		}
+		f.Close()
+		// Still usable, and the next release unmounts it.
+		dir2, rel2, err := e.m.Acquire(context.Background(), d)
+		if err != nil || dir2 != dir {
+			t.Fatalf("re-acquire: %s %v", dir2, err)
+		}
+		rel2()
+		if n := mountsUnder(t, dir); n != 0 {
+			t.Fatalf("%d mounts after the last release", n)
+		}
+	})
 }

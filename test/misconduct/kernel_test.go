@@ -120,10 +120,11 @@ func TestOverwriteSystemBinaries(t *testing.T) {
 	if r := execIn(t, id, client.ExecRequest{User: "user", Shell: "echo pwned > /bin/bash"}); r.ExitCode == 0 {
 		t.Error("user 1000 overwrote /bin/bash")
 	}
-	sh(t, id, `cp /bin/busybox /tmp/bb
-printf '#!/tmp/bb sh\necho pwned-bash\n' > /bin/bash
-/tmp/bb cp /bin/bash /bin/busybox.new
-/tmp/bb mv /bin/busybox.new /bin/busybox`)
+	// busybox picks the applet by argv[0]: the saved copy keeps the name.
+	sh(t, id, `mkdir /tmp/saved && cp /bin/busybox /tmp/saved/busybox
+printf '#!/tmp/saved/busybox sh\necho pwned-bash\n' > /bin/bash
+/tmp/saved/busybox cp /bin/bash /bin/busybox.new
+/tmp/saved/busybox mv /bin/busybox.new /bin/busybox`)
 	if out := sh(t, id, "/bin/bash"); out != "pwned-bash\n" {
 		t.Fatalf("attacker's /bin/bash: %q", out)
 	}

@@ -52,7 +52,7 @@ func TestForkBomb(t *testing.T) {
 	// deleting it (the usual response) works and leaves nothing.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		r := execIn(t, id, client.ExecRequest{Shell: "pkill -9 sh; echo ok"})
+		r := execIn(t, id, client.ExecRequest{Shell: "kill -9 -1 2>/dev/null; echo ok"})
 		if r.ExitCode == 0 && strings.HasSuffix(r.stdout, "ok\n") {
 			break
 		}
@@ -121,21 +121,26 @@ func TestDiskFill(t *testing.T) {
 }
 
 // A log-file flood (`yes` into a log) is the same attack through a
-// program that never stops on its own: it ends at the disk limit.
+// program that never stops on its own: the log stops growing at the disk
+// limit (busybox's yes then spins on ENOSPC with a long line, so the exec
+// timeout ends it), and the sandbox recovers when the log goes.
 func TestLogFileFlood(t *testing.T) {
 	const limit = 64 << 20
 	id := newSandbox(t, client.SandboxSpec{DiskBytes: limit})
 	var r result
 	duringAttack(t, func() {
-		r = execIn(t, id, client.ExecRequest{Shell: "yes 'INFO step done, reward=0' > /workspace/train.log", Timeout: time.Minute})
+		r = execIn(t, id, client.ExecRequest{Shell: "yes 'INFO step done, reward=0' > /workspace/train.log", Timeout: 8 * time.Second})
 	})
-	if r.TimedOut || r.ExitCode == 0 || !strings.Contains(r.stderr, "No space left") {
-		t.Errorf("yes > log: %+v stderr %q", r.ExecResult, r.stderr)
+	if r.ExitCode == 0 {
+		t.Errorf("yes > log ended well: %+v", r.ExecResult)
 	}
-	if size := fileSize(t, id, "/workspace/train.log"); size > limit {
+	if size := fileSize(t, id, "/workspace/train.log"); size > limit || size < limit/2 {
 		t.Errorf("log grew to %d bytes, limit %d", size, limit)
 	}
-	sh(t, id, "rm /workspace/train.log")
+	if out := execIn(t, id, client.ExecRequest{Shell: "echo more >> /workspace/train.log"}); out.ExitCode == 0 {
+		t.Error("a full disk took another write")
+	}
+	sh(t, id, "rm /workspace/train.log && echo ok > /workspace/after")
 }
 
 // Flooding stdout: the server streams what the client reads and keeps

@@ -117,7 +117,12 @@ func NewHandler(svc api.Service, opts ...Option) *Handler {
 	h.routeREST(h.rest)
 
 	h.envd = http.NewServeMux()
-	copts := []connect.HandlerOption{connect.WithInterceptors(h.envdAuthInterceptor())}
+	copts := []connect.HandlerOption{
+		connect.WithInterceptors(h.envdAuthInterceptor()),
+		// Output events are mostly small: gzip's per-message setup costs
+		// more than it saves below a KiB.
+		connect.WithCompressMinBytes(1024),
+	}
 	h.envd.Handle(processconnect.NewProcessHandler(&processService{h: h}, copts...))
 	h.envd.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{h: h}, copts...))
 	h.envd.HandleFunc("GET /health", h.health)
@@ -263,10 +268,31 @@ func (h *Handler) sandboxFor(ctx context.Context, id string) (sandboxAuth, error
 		return sandboxAuth{}, err
 	}
 	a = sandboxAuth{tenant: sb.Spec.Tenant, token: sb.Spec.Labels[labelAccessToken]}
+	h.remember(id, a)
+	return a, nil
+}
+
+// maxCached bounds the per-sandbox maps: sandboxes that end without this
+// face noticing (timeouts, the native API) would otherwise stay forever.
+// Evicting costs one lookup (auth) or a less precise endAt.
+const maxCached = 1 << 16
+
+func (h *Handler) remember(id string, a sandboxAuth) {
 	h.mu.Lock()
+	evictOne(h.sandboxes)
 	h.sandboxes[id] = a
 	h.mu.Unlock()
-	return a, nil
+}
+
+// evictOne drops an arbitrary entry of a full map (h.mu held).
+func evictOne[V any](m map[string]V) {
+	if len(m) < maxCached {
+		return
+	}
+	for k := range m {
+		delete(m, k)
+		return
+	}
 }
 
 func (h *Handler) forget(id string) {

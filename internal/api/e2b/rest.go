@@ -236,9 +236,7 @@ func (h *Handler) createSandbox(w http.ResponseWriter, r *http.Request, c api.Ca
 		writeError(w, err)
 		return
 	}
-	h.mu.Lock()
-	h.sandboxes[sb.ID] = sandboxAuth{tenant: sb.Spec.Tenant, token: token}
-	h.mu.Unlock()
+	h.remember(sb.ID, sandboxAuth{tenant: sb.Spec.Tenant, token: token})
 	writeJSON(w, http.StatusCreated, h.reply(sb))
 }
 
@@ -476,6 +474,7 @@ func (h *Handler) applyTimeout(r *http.Request, c api.Caller, id string, d time.
 		return err
 	}
 	h.mu.Lock()
+	evictOne(h.deadlines)
 	h.deadlines[id] = time.Now().Add(d)
 	h.mu.Unlock()
 	return nil

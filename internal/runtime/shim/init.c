@@ -141,7 +141,7 @@ static const char *masked[] = {
 	"sys/firmware",     "sys/devices/virtual/powercap",
 	// Loop devices (sandbox disks among them) name their backing files
 	// here: the host's data dir and every other sandbox's ID.
-	"sys/devices/virtual/block", NULL,
+	NULL,
 };
 
 static const char *readonly[] = {

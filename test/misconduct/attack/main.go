@@ -350,6 +350,7 @@ func unixSockets(extra []string) *unixResult {
 	})
 	if f, err := os.Open("/proc/net/unix"); err == nil {
 		sc := bufio.NewScanner(f)
+		sc.Scan() // the header
 		for sc.Scan() {
 			fields := strings.Fields(sc.Text())
 			if len(fields) >= 8 {
@@ -386,6 +387,7 @@ type walkResult struct {
 	Matches  map[string]string `json:"matches"`  // path -> the needle found
 	Timeouts []string          `json:"timeouts"` // files whose read blocked
 	Checked  map[string]int64  `json:"checked"`  // -check paths -> bytes read (-1 = not readable)
+	Slowest  map[string]int64  `json:"slowest"`  // the slowest reads (ms), for a report
 }
 
 // walk is a recursive grep (GNU grep -r: symlinks below the roots are not
@@ -418,8 +420,8 @@ func walk(args []string) (*walkResult, error) {
 			roots = append(roots, args[i])
 		}
 	}
-	const perFile = 1 << 20
-	res := &walkResult{Matches: map[string]string{}, Checked: map[string]int64{}}
+	const perFile = 256 << 10
+	res := &walkResult{Matches: map[string]string{}, Checked: map[string]int64{}, Slowest: map[string]int64{}}
 	for _, c := range checks {
 		res.Checked[c] = -1
 	}
@@ -445,10 +447,22 @@ func walk(args []string) (*walkResult, error) {
 	}
 	for _, root := range roots {
 		_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err != nil || !d.Type().IsRegular() {
+			if err != nil {
 				return nil
 			}
+			// /proc/N/task/M mirrors /proc/N: reading it twice finds
+			// nothing new and doubles the time.
+			if d.IsDir() && d.Name() == "task" && strings.HasPrefix(p, "/proc/") {
+				return filepath.SkipDir
+			}
+			if !d.Type().IsRegular() {
+				return nil
+			}
+			start := time.Now()
 			b, ok := readOne(p)
+			if ms := time.Since(start).Milliseconds(); ms >= 100 && len(res.Slowest) < 50 {
+				res.Slowest[p] = ms
+			}
 			if !ok {
 				res.Timeouts = append(res.Timeouts, p)
 				return nil
