@@ -4,7 +4,7 @@ export PATH := $(dir $(GO)):$(PATH)
 BIN     := bin/dsec
 export GOFLAGS := -mod=mod
 
-.PHONY: all build deps demo test test-go test-python test-e2b lint clean
+.PHONY: all build deps demo test lint clean
 
 all: build
 

@@ -106,7 +106,8 @@ func newEfficiency(ctx context.Context, o *serveOptions, cg cgroups.Manager, log
 	if d := reclaim.DetectDAMON("/sys"); d.CanStart {
 		e.features["damon"] = "available, not used: " + strings.Join(d.Operations, ",")
 	} else {
-		e.features["damon"] = "unavailable: " + d.Reason
+		// Feature values are listed comma-separated by the CLI.
+		e.features["damon"] = "unavailable: " + strings.ReplaceAll(d.Reason, ",", ";")
 	}
 	if present, enabled := reclaim.ZswapEnabled("/sys"); present {
 		e.features["zswap"] = strconv.FormatBool(enabled)
@@ -116,7 +117,7 @@ func newEfficiency(ctx context.Context, o *serveOptions, cg cgroups.Manager, log
 	} else {
 		e.features["reclaim_idle_after"] = "off"
 	}
-	e.features["admission"] = fmt.Sprintf("measured: cpu p95 x overcommit %g, memory held + reserve %d MiB", policy.CPUOvercommit, policy.MemoryReserve>>20)
+	e.features["admission"] = fmt.Sprintf("measured cpu p95 <= cores x %g; memory held + reserve %d MiB", policy.CPUOvercommit, policy.MemoryReserve>>20)
 
 	if swap.Kind == "zram" {
 		z, err := reclaim.SetupZram(ctx, log, "/sys", "/dev", swap)
@@ -343,7 +344,7 @@ func (e *efficiency) Reports() []reclaim.Report {
 // admission is the node's admission by measured use (scheduler.Check over
 // what the node measures now).
 type admission struct {
-	agent   *node.Local // set by efficiency.start; nil until then
+	agent   residents // set by efficiency.start; nil until then
 	stats   *node.StatsSampler
 	policy  scheduler.Policy
 	cpus    float64
@@ -366,6 +367,11 @@ type pendingAdmission struct {
 
 var _ node.Admission = (*admission)(nil)
 
+// residents is what admission reads of the agent (node.Local).
+type residents interface {
+	Residents() []node.Resident
+}
+
 // shape turns a spec into what the scheduler compares.
 func (a *admission) shape(spec node.SandboxSpec) scheduler.Shape {
 	pids := int64(expectedPids)
@@ -376,7 +382,7 @@ func (a *admission) shape(spec node.SandboxSpec) scheduler.Shape {
 }
 
 // usage measures the node. a.mu held.
-func (a *admission) usage(ctx context.Context) (scheduler.NodeUsage, error) {
+func (a *admission) usage() (scheduler.NodeUsage, error) {
 	mem, err := reclaim.ReadNode(a.meminfo)
 	if err != nil {
 		return scheduler.NodeUsage{}, err
@@ -388,11 +394,9 @@ func (a *admission) usage(ctx context.Context) (scheduler.NodeUsage, error) {
 		u.DiskTotal = int64(fs.Blocks) * fs.Bsize
 		u.DiskUsed = int64(fs.Blocks-fs.Bavail) * fs.Bsize
 	}
-	var sbs []node.Sandbox
+	var sbs []node.Resident
 	if a.agent != nil {
-		if sbs, err = a.agent.ListSandboxes(ctx); err != nil {
-			return u, err
-		}
+		sbs = a.agent.Residents()
 	}
 	listed := map[string]string{}
 	for _, sb := range sbs {
@@ -405,7 +409,7 @@ func (a *admission) usage(ctx context.Context) (scheduler.NodeUsage, error) {
 		if c := a.stats.CPU(sb.ID); c.Samples >= 2 {
 			u.CPUUsedP95 += c.P95
 		} else {
-			u.CPUUsedP95 += sb.Spec.CPU * a.policy.ExpectedCPUFraction
+			u.CPUUsedP95 += sb.CPU * a.policy.ExpectedCPUFraction
 		}
 	}
 	now := time.Now()
@@ -465,7 +469,7 @@ func readInt(p string) int64 {
 func (a *admission) Admit(ctx context.Context, spec node.SandboxSpec) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	u, err := a.usage(ctx)
+	u, err := a.usage()
 	if err != nil {
 		return fmt.Errorf("admission: measure node: %w", err)
 	}
@@ -489,7 +493,7 @@ func (a *admission) Capacity(ctx context.Context, spec node.SandboxSpec) (*node.
 		return nil, err
 	}
 	a.mu.Lock()
-	u, err := a.usage(ctx)
+	u, err := a.usage()
 	a.mu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("capacity: measure node: %w", err)

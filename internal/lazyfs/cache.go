@@ -397,7 +397,8 @@ func (c *ChunkCache) prefetch(ctx context.Context, src blob.Reader, ch image.Chu
 
 // fetch returns the chunk's verified bytes, sharing one fetch among all
 // concurrent callers. The fetch itself is not bound to any one caller's
-// context so an interrupted reader does not fail the others.
+// context so an interrupted reader does not fail the others; it is bounded
+// by the fetch timeout and retries.
 func (c *ChunkCache) fetch(ctx context.Context, src blob.Reader, ch image.Chunk, r reader, prefetch bool) ([]byte, error) {
 	c.mu.Lock()
 	if f, ok := c.failures[ch.Digest]; ok {
@@ -412,7 +413,9 @@ func (c *ChunkCache) fetch(ctx context.Context, src blob.Reader, ch image.Chunk,
 		call = &fetchCall{done: make(chan struct{}), stored: make(chan struct{})}
 		c.inflight[ch.Digest] = call
 		c.busy.Add(1)
-		go c.runFetch(context.WithoutCancel(ctx), src, ch, r, prefetch, call)
+		// Shared by all waiters: not tied to this caller's context (a FUSE
+		// request's context is recycled by go-fuse once it is answered).
+		go c.runFetch(context.Background(), src, ch, r, prefetch, call)
 	}
 	c.mu.Unlock()
 	wait := call.done

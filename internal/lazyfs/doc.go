@@ -32,7 +32,18 @@
 //
 // Lifetime: the last release of a layer unmounts it after a grace period
 // (WithGracePeriod; 0 unmounts at once) so short gaps between sandboxes do
-// not drop the page cache; Close unmounts everything.
+// not drop the page cache; Close unmounts everything (lazily if busy). An
+// overlay still stacked on a released layer holds its own clone of the
+// mount and keeps being served until it is unmounted; a layer with files
+// open directly on it stays mounted (and is logged) until Close.
+//
+// The daemon runs inside the caller's process, so that process must never
+// page-fault on a lazyfs file (mmap) nor exec a lazyfs binary from a
+// vfork child (os/exec with Chroot into a sandbox root): the faulting or
+// vforking thread cannot be stopped by the Go garbage collector while it
+// waits for the daemon, and the daemon waits for the collector. Start
+// sandbox processes through a binary on the host disk (a re-exec'd init
+// shim, chroot(8)) and read layer files with read(2) only.
 //
 // Stats (bytes of the image, fetched from the store, served to the kernel,
 // chunk hits/misses, time spent waiting for fetches) are kept per layer and

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -71,6 +72,33 @@ type sandbox struct {
 	releases []func()
 	attached bool
 	execs    map[string]*execEntry
+	// resident is rec's resource view as last persisted, readable
+	// without mu (which a create or snapshot holds for long).
+	resident atomic.Pointer[Resident]
+}
+
+// Resident is what node-level policy (admission) needs of a sandbox.
+type Resident struct {
+	ID    string
+	State string
+	CPU   float64 // requested cores
+}
+
+// Residents lists the node's sandboxes as last recorded, without waiting
+// for those in the middle of a create, delete or snapshot, so admitting
+// one sandbox does not queue behind the creates in flight.
+func (l *Local) Residents() []Resident {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	out := make([]Resident, 0, len(l.sbs))
+	for id, sb := range l.sbs {
+		if r := sb.resident.Load(); r != nil {
+			out = append(out, *r)
+		} else {
+			out = append(out, Resident{ID: id, State: StateCreating})
+		}
+	}
+	return out
 }
 
 type execEntry struct {
@@ -171,6 +199,7 @@ func (l *Local) recover(ctx context.Context) error {
 }
 
 func (l *Local) persist(sb *sandbox) error {
+	sb.resident.Store(&Resident{ID: sb.rec.ID, State: sb.rec.State, CPU: sb.rec.Spec.CPU})
 	b, err := json.Marshal(&sb.rec)
 	if err != nil {
 		return err

@@ -37,8 +37,8 @@ func TestSDKAcceptance(t *testing.T) {
 	if err != nil || !res.OK {
 		t.Fatalf("sdk script failed: %v", err)
 	}
-	if len(res.Sandboxes) != 2 {
-		t.Fatalf("the script made %d sandboxes, want 2: %v", len(res.Sandboxes), res.Sandboxes)
+	if len(res.Sandboxes) != 3 {
+		t.Fatalf("the script made %d sandboxes, want 3: %v", len(res.Sandboxes), res.Sandboxes)
 	}
 
 	// Nothing left: the server lists no sandbox (the admin sees all).
@@ -53,6 +53,17 @@ func TestSDKAcceptance(t *testing.T) {
 	// No cgroup of theirs in any controller.
 	if left := cgroupsOf(res.Sandboxes); len(left) > 0 {
 		t.Errorf("cgroups left: %v", left)
+	}
+	// No host link of theirs (the network sandbox had a veth, named by
+	// its alias).
+	if out, err := exec.Command("ip", "-o", "link", "show").CombinedOutput(); err != nil {
+		t.Errorf("ip link: %v: %s", err, out)
+	} else {
+		for _, id := range res.Sandboxes {
+			if strings.Contains(string(out), id) {
+				t.Errorf("host link of sandbox %s left:\n%s", id, out)
+			}
+		}
 	}
 	// No mount below the server's directory but the layer daemon's own
 	// (stopped in cleanup, which checks again).

@@ -118,6 +118,17 @@ async function main() {
   const again = await Sandbox.connect(sbx.sandboxId)
   assert.equal((await again.commands.run('echo connected')).stdout, 'connected\n')
 
+  step('network: an egress allow list becomes dsec rules')
+  const netSbx = await Sandbox.create(template, { timeoutMs: 60_000, network: { allowOut: ['192.0.2.1'] } })
+  created.push(netSbx.sandboxId)
+  const netInfo = await netSbx.getInfo()
+  assert.deepEqual(netInfo.network?.allowOut, ['192.0.2.1/32'], `network: ${JSON.stringify(netInfo.network)}`)
+  assert.equal(netInfo.allowInternetAccess, false)
+  const links = (await netSbx.commands.run('ls /sys/class/net')).stdout.split(/\s+/).filter(Boolean)
+  assert.ok(links.length > 1, `the allow list gave the sandbox a link besides lo: ${links}`)
+  await netSbx.kill()
+  await assert.rejects(Sandbox.create(template, { network: { allowOut: ['example.com'] } }), (err) => /domain names/.test(err.message))
+
   step('a second sandbox, killed by id')
   const other = await Sandbox.create(template, { timeoutMs: 60_000 })
   created.push(other.sandboxId)

@@ -3,6 +3,7 @@ package misconduct
 import (
 	"context"
 	"encoding/hex"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -207,4 +208,58 @@ func TestServerSocketUnreachable(t *testing.T) {
 		t.Errorf("server socket mode %v, want a 0600 socket", fi.Mode())
 	}
 	assertHealthy(t)
+}
+
+// The grader reads results through the file API; an agent that plants a
+// FIFO (the read would block the grader), a device (endless bytes), a
+// symlink out of its root or into /proc gets a clear refusal at once, and
+// a write goes through the sandbox's disk limit like any other.
+func TestFileAPIAbuse(t *testing.T) {
+	id := newSandbox(t, client.SandboxSpec{DiskBytes: 64 << 20})
+	sh(t, id, `mkfifo /workspace/result.fifo
+ln -s /dev/zero /workspace/result.zero
+ln -s /proc/1/environ /workspace/result.env
+ln -s ../../../../../../../etc/shadow /workspace/result.up
+ln -s /proc/self/root/../../../etc/hostname /workspace/result.proc
+echo 'sandbox shadow' > /etc/shadow`)
+	c := admin(t)
+	for _, p := range []string{"/workspace/result.fifo", "/workspace/result.zero", "/workspace/result.env", "/workspace/result.proc", "/dev/zero", "/proc/self/environ"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		start := time.Now()
+		rc, _, err := c.ReadFile(ctx, id, p)
+		if err == nil {
+			n, _ := io.Copy(io.Discard, io.LimitReader(rc, 1<<20))
+			rc.Close()
+			t.Errorf("read %s: %d bytes, want a refusal", p, n)
+		} else if time.Since(start) > 5*time.Second {
+			t.Errorf("read %s took %v", p, time.Since(start))
+		}
+		cancel()
+	}
+	// A symlink climbing out resolves inside the sandbox's root.
+	rc, _, err := c.ReadFile(ctxT(t, 10*time.Second), id, "/workspace/result.up")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(b) != "sandbox shadow\n" {
+		t.Errorf("../../etc/shadow from the sandbox read %q", b)
+	}
+	// A write larger than the disk fails cleanly and leaves no partial file.
+	_, err = c.WriteFile(ctxT(t, time.Minute), id, "/workspace/huge", 0o644, io.LimitReader(zeroReader{}, 128<<20))
+	if err == nil {
+		t.Error("a 128 MiB write into a 64 MiB disk succeeded")
+	}
+	if _, err := c.Stat(ctxT(t, 10*time.Second), id, "/workspace/huge"); !client.IsNotFound(err) {
+		t.Errorf("partial file after a failed write: %v", err)
+	}
+	assertHealthy(t)
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/dsec-dev/dsec/client"
+	"golang.org/x/sys/unix"
 )
 
 // ioctlNames are the extent-sharing and extent-swapping ioctls the tool
@@ -153,6 +155,57 @@ printf '#!/tmp/saved/busybox sh\necho pwned-bash\n' > /bin/bash
 		if s := sha256.Sum256(b); hex.EncodeToString(s[:]) != sum {
 			t.Errorf("host copy of %s changed", f)
 		}
+	}
+	assertHealthy(t)
+}
+
+// Root in a sandbox keeps CAP_MKNOD (docker's set), so it can make a node
+// for any device number: the bystander's loop disk (to read or rewrite
+// another sandbox's files raw), the host's serial console, /dev/fuse. The
+// sandbox's root and /dev are nodev, so such a node does not open.
+func TestDeviceNodes(t *testing.T) {
+	// The bystander's disk on the host; its device numbers.
+	out, err := exec.Command("losetup", "-n", "-O", "NAME", "-j", filepath.Join(suite.srv.DataDir, "node", "sandboxes", suite.bystander, "disk.img")).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var targets [][3]string // name, type, "major minor"
+	if dev := strings.TrimSpace(string(out)); dev != "" {
+		var st unix.Stat_t
+		if err := unix.Stat(dev, &st); err != nil {
+			t.Fatal(err)
+		}
+		targets = append(targets, [3]string{"bystander-disk", "b", fmt.Sprintf("%d %d", unix.Major(st.Rdev), unix.Minor(st.Rdev))})
+	} else {
+		t.Logf("the bystander has no disk of its own (default disk 0): probing loop0 instead")
+		targets = append(targets, [3]string{"loop0", "b", "7 0"})
+	}
+	targets = append(targets,
+		[3]string{"console", "c", "4 64"},
+		[3]string{"fuse", "c", "10 229"},
+		[3]string{"mem", "c", "1 1"},
+		[3]string{"nul", "c", "1 3"}, // /dev/null's numbers: opens if anything does
+	)
+	id := newSandbox(t, client.SandboxSpec{})
+	var script strings.Builder
+	for _, dir := range []string{"/root", "/dev", "/workspace"} {
+		for _, tg := range targets {
+			node := dir + "/" + tg[0]
+			fmt.Fprintf(&script, "mknod %s %s %s && { (head -c 1 %s >/dev/null && echo 'opened %s') 2>/dev/null || echo 'refused %s'; } || echo 'no mknod %s'\n", node, tg[1], tg[2], node, node, node, node)
+		}
+	}
+	res := sh(t, id, script.String())
+	for _, line := range strings.Split(strings.TrimSpace(res), "\n") {
+		if strings.HasPrefix(line, "opened") {
+			t.Errorf("a device node made in the sandbox %s", line)
+		}
+	}
+	if !strings.Contains(res, "refused /dev/nul\n") {
+		t.Errorf("mknod did not run as expected: %q", res)
+	}
+	// The sandbox's own standard nodes still work.
+	if got := sh(t, id, "head -c 3 /dev/zero | wc -c; echo x > /dev/null && echo null-ok"); got != "3\nnull-ok\n" {
+		t.Errorf("standard nodes: %q", got)
 	}
 	assertHealthy(t)
 }

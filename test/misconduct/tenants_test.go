@@ -156,6 +156,30 @@ func TestTenantIsolation(t *testing.T) {
 		t.Errorf("alpha's sandbox after beta's attempts: %v %+v %q", err, got, b)
 	}
 
+	// alpha's snapshot is alpha's image: beta can neither see nor use it.
+	if _, err := alpha.Snapshot(ctx, sb.ID, "alpha-private:1"); err != nil {
+		t.Fatalf("alpha snapshot: %v", err)
+	}
+	t.Cleanup(func() { _ = admin(t).RemoveImage(context.Background(), "alpha-private:1") })
+	if _, err := beta.GetImage(ctx, "alpha-private:1"); !client.IsNotFound(err) {
+		t.Errorf("beta GetImage of alpha's snapshot: %v, want not found", err)
+	}
+	if _, err := beta.CreateSandbox(ctx, client.SandboxSpec{Image: "alpha-private:1", MemoryBytes: 64 << 20}); !client.IsNotFound(err) {
+		t.Errorf("beta creating from alpha's snapshot: %v, want not found", err)
+	}
+	if imgs, err := beta.ListImages(ctx); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, im := range imgs {
+			if strings.HasPrefix(im.Name, "alpha-private") {
+				t.Errorf("beta lists alpha's image %s", im.Name)
+			}
+		}
+	}
+	if _, err := beta.GetImage(ctx, image); err != nil {
+		t.Errorf("beta cannot see the public image: %v", err)
+	}
+
 	// Tokens: revoked, absent, made up.
 	if got := call(t, betaTok, "GET", "/v1/sandboxes", nil); got != http.StatusOK {
 		t.Fatalf("beta's valid token: %d", got)

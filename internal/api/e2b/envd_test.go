@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -440,5 +441,47 @@ func TestEndEvent(t *testing.T) {
 				t.Fatalf("got %+v", end)
 			}
 		})
+	}
+}
+
+// TestStdinNotRead: input to a process that does not read blocks the
+// sender, not the server: CloseStdin (and the process's end) release it.
+func TestStdinNotRead(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(e.key("alice"), nil)
+	c := e.envd(sb.SandboxID, sb.EnvdAccessToken)
+	ctx := context.Background()
+	st, err := c.proc.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "sleep", Args: []string{"600"}}, Stdin: ptr(true)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !st.Receive() {
+		t.Fatal(st.Err())
+	}
+	sel := &pb.ProcessSelector{Selector: &pb.ProcessSelector_Pid{Pid: st.Msg().GetEvent().GetStart().GetPid()}}
+	sent := make(chan error, 1)
+	go func() {
+		_, err := c.proc.SendInput(ctx, connect.NewRequest(&pb.SendInputRequest{Process: sel, Input: &pb.ProcessInput{Input: &pb.ProcessInput_Stdin{Stdin: []byte("never read")}}}))
+		sent <- err
+	}()
+	select {
+	case err := <-sent:
+		t.Fatalf("input to a process that does not read returned at once: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if _, err := c.proc.CloseStdin(ctx, connect.NewRequest(&pb.CloseStdinRequest{Process: sel})); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-sent:
+		if codeOf(err) != connect.CodeFailedPrecondition {
+			t.Fatalf("blocked input after CloseStdin: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("CloseStdin did not release the blocked input")
+	}
+	if _, err := c.proc.SendSignal(ctx, connect.NewRequest(&pb.SendSignalRequest{Process: sel, Signal: pb.Signal_SIGNAL_SIGKILL})); err != nil {
+		t.Fatal(err)
 	}
 }

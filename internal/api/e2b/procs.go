@@ -22,7 +22,7 @@ type proc struct {
 	pid       uint32
 	tag       string
 
-	inMu  sync.Mutex // orders writes to stdin
+	inMu  sync.Mutex // orders writes to stdin (not its close)
 	stdin *io.PipeWriter
 
 	mu   sync.Mutex
@@ -86,9 +86,9 @@ func (p *proc) finish(end *pb.ProcessEvent_EndEvent) {
 	p.closeStdin()
 }
 
+// closeStdin needs no lock: closing an io.Pipe is safe at any time, and it
+// also releases a SendInput blocked on a process that does not read.
 func (p *proc) closeStdin() {
-	p.inMu.Lock()
-	defer p.inMu.Unlock()
 	if p.stdin != nil {
 		_ = p.stdin.Close()
 	}

@@ -325,8 +325,9 @@ func (h *Handler) getSandbox(w http.ResponseWriter, r *http.Request, c api.Calle
 	writeJSON(w, http.StatusOK, h.detail(sb))
 }
 
-// parseMetadataQuery parses E2B's metadata filter: a URL-encoded
-// "k1=v1&k2=v2" in one query parameter.
+// parseMetadataQuery parses E2B's metadata filter: one query parameter
+// holding "k1=v1&k2=v2", in which the SDK has already percent-encoded each
+// key and value (encodeURIComponent), so they are unescaped once more.
 func parseMetadataQuery(q string) (map[string]string, error) {
 	if q == "" {
 		return nil, nil
@@ -340,7 +341,12 @@ func parseMetadataQuery(q string) (map[string]string, error) {
 		if len(v) != 1 {
 			return nil, invalid("metadata filter: key %q given %d times", k, len(v))
 		}
-		out[k] = v[0]
+		uk, err1 := url.PathUnescape(k)
+		uv, err2 := url.PathUnescape(v[0])
+		if err1 != nil || err2 != nil {
+			return nil, invalid("metadata filter: %q=%q is not percent-encoded properly", k, v[0])
+		}
+		out[uk] = uv
 	}
 	return out, nil
 }

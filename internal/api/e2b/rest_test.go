@@ -67,6 +67,16 @@ func TestCreateGetListKill(t *testing.T) {
 	if len(list) != 1 || list[0].SandboxID != sb.SandboxID || list[0].EnvdAccessToken != "" {
 		t.Fatalf("list by metadata: %+v", list)
 	}
+	// The SDK encodes each key and value, then the pairs, then the query.
+	sdkMetadata := func(k, v string) string {
+		enc := func(s string) string { return strings.ReplaceAll(url.QueryEscape(s), "+", "%20") }
+		return "?metadata=" + url.QueryEscape(url.Values{enc(k): {enc(v)}}.Encode())
+	}
+	odd := e.create(alice, map[string]any{"metadata": map[string]string{"a b&c": "x=y %z"}})
+	e.do("GET", "/v2/sandboxes"+sdkMetadata("a b&c", "x=y %z"), alice, nil, &list)
+	if len(list) != 1 || list[0].SandboxID != odd.SandboxID {
+		t.Fatalf("list by metadata with special characters: %+v", list)
+	}
 	e.do("GET", "/v2/sandboxes?metadata="+url.QueryEscape("run=other"), alice, nil, &list)
 	if len(list) != 0 {
 		t.Fatalf("list by other metadata: %+v", list)
@@ -74,6 +84,9 @@ func TestCreateGetListKill(t *testing.T) {
 	e.do("GET", "/v2/sandboxes", bob, nil, &list)
 	if len(list) != 0 {
 		t.Fatalf("bob lists: %+v", list)
+	}
+	if code := e.do("DELETE", "/sandboxes/"+odd.SandboxID, alice, nil, nil); code != http.StatusNoContent {
+		t.Fatalf("kill: %d", code)
 	}
 	if code := e.do("DELETE", "/sandboxes/"+sb.SandboxID, alice, nil, nil); code != http.StatusNoContent {
 		t.Fatalf("kill: %d", code)
@@ -249,7 +262,7 @@ func TestListPagination(t *testing.T) {
 	if !reflect.DeepEqual(seen, want) {
 		t.Fatalf("listed %v, want %v", seen, want)
 	}
-	for _, q := range []string{"?limit=0", "?limit=x", "?state=dead", "?nextToken=" + url.QueryEscape("!!"), "?metadata=" + url.QueryEscape("a=1&a=2")} {
+	for _, q := range []string{"?limit=0", "?limit=x", "?state=dead", "?nextToken=" + url.QueryEscape("!!"), "?metadata=" + url.QueryEscape("a=1&a=2"), "?metadata=" + url.QueryEscape("a=%25zz")} {
 		if code := e.do("GET", "/v2/sandboxes"+q, key, nil, nil); code != http.StatusBadRequest {
 			t.Fatalf("list %s: %d, want 400", q, code)
 		}

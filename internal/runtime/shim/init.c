@@ -71,8 +71,11 @@ static int mount_overlay(char **lower, const char *upper, const char *work, cons
 	if (ok == 0)
 		ok = fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0);
 	int mnt = -1;
+	// nodev: root in the sandbox has CAP_MKNOD (docker's set), and a node
+	// it makes must not open a host device (another sandbox's loop disk,
+	// the host's console).
 	if (ok == 0)
-		mnt = fsmount(fs, FSMOUNT_CLOEXEC, 0);
+		mnt = fsmount(fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NODEV);
 	if (mnt >= 0)
 		ok = move_mount(mnt, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH);
 	else
@@ -92,30 +95,23 @@ static void mkdir_p1(const char *p, mode_t m) {
 		return;
 }
 
-struct node {
-	const char *name;
-	unsigned maj, min;
-};
-
-static const struct node nodes[] = {
-	{"dev/null", 1, 3},    {"dev/zero", 1, 5},    {"dev/full", 1, 7},
-	{"dev/random", 1, 8},  {"dev/urandom", 1, 9}, {"dev/tty", 5, 0},
+static const char *nodes[] = {
+	"dev/null", "dev/zero", "dev/full", "dev/random", "dev/urandom", "dev/tty",
 };
 
 static int setup_dev(const char *shmopt) {
-	if (mount("tmpfs", "dev", "tmpfs", MS_NOSUID, "mode=755,size=64k"))
+	// nodev, as the root (see mount_overlay); the standard nodes are bind
+	// mounts of the host's, which keep their own mount's flags.
+	if (mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=64k"))
 		return -1;
 	for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++) {
-		if (mknod(nodes[i].name, S_IFCHR | 0666, makedev(nodes[i].maj, nodes[i].min)) == 0)
-			continue;
-		// A devices cgroup may forbid mknod: bind the host node instead.
-		int fd = open(nodes[i].name, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+		int fd = open(nodes[i], O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
 		if (fd < 0)
 			return -1;
 		close(fd);
 		char host[64];
-		snprintf(host, sizeof host, "/%s", nodes[i].name);
-		if (mount(host, nodes[i].name, NULL, MS_BIND, NULL))
+		snprintf(host, sizeof host, "/%s", nodes[i]);
+		if (mount(host, nodes[i], NULL, MS_BIND, NULL))
 			return -1;
 	}
 	mkdir_p1("dev/pts", 0755);
@@ -141,7 +137,7 @@ static const char *masked[] = {
 	"sys/firmware",     "sys/devices/virtual/powercap",
 	// Loop devices (sandbox disks among them) name their backing files
 	// here: the host's data dir and every other sandbox's ID.
-	NULL,
+	"sys/devices/virtual/block", NULL,
 };
 
 static const char *readonly[] = {
