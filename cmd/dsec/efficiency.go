@@ -165,7 +165,9 @@ func (e *efficiency) Close() error {
 // batch sweep) and, with --reclaim-idle-after, the reclaim controller,
 // until the returned stop is called or ctx ends.
 func (e *efficiency) start(ctx context.Context, agent *node.Local, rt runtime.Runtime) (stop func(), err error) {
+	e.adm.mu.Lock()
 	e.adm.agent = agent
+	e.adm.mu.Unlock()
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -166,3 +166,47 @@ func TestEfficiencyBadFlags(t *testing.T) {
 		}
 	}
 }
+
+type fakeResidents []node.Resident
+
+func (f *fakeResidents) Residents() []node.Resident { return *f }
+
+// A pending admission stops counting once its sandbox runs; from then on
+// the sandbox counts with its request until measured, then with its p95.
+func TestAdmissionPendingToMeasured(t *testing.T) {
+	ctx := context.Background()
+	a := testAdmission(t, 8192, 8192, 2, 2) // cpu capacity 4
+	res := &fakeResidents{}
+	a.agent = res
+	spec := node.SandboxSpec{ID: "one", CPU: 1.5, MemoryBytes: 64 << 20}
+	if err := a.Admit(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	cpuFits := func() int {
+		t.Helper()
+		c, err := a.Capacity(ctx, node.SandboxSpec{CPU: 1, MemoryBytes: 64 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Detail[scheduler.ResourceCPU]
+	}
+	if n := cpuFits(); n != 2 { // 4 - 1.5 pending
+		t.Fatalf("cpu fits %d with one pending 1.5-core admission, want 2", n)
+	}
+	*res = fakeResidents{{ID: "one", State: node.StateCreating, CPU: 1.5}}
+	if n := cpuFits(); n != 2 || len(a.pending) != 1 {
+		t.Fatalf("while creating: cpu fits %d, pending %d", n, len(a.pending))
+	}
+	*res = fakeResidents{{ID: "one", State: node.StateRunning, CPU: 1.5}}
+	if n := cpuFits(); n != 2 || len(a.pending) != 0 {
+		t.Fatalf("running, unmeasured: cpu fits %d (want its request counted once), pending %d", n, len(a.pending))
+	}
+	// Measured at about 0.18 cores (0.2 s of CPU per 1.1 s).
+	for i := 0; i < 3; i++ {
+		a.stats.Observe("one", &cgroups.Stats{CPUUsageNanos: uint64(i) * 2e8})
+		time.Sleep(1100 * time.Millisecond)
+	}
+	if n := cpuFits(); n != 3 {
+		t.Fatalf("measured at ~0.2 cores: cpu fits %d, want 3", n)
+	}
+}

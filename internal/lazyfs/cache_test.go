@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -326,7 +327,8 @@ func TestCacheSurvivesRestartAndVerifies(t *testing.T) {
 	if err := os.WriteFile(p, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cache, err = NewChunkCache(dir, 1<<30)
+	logs := &syncBuffer{}
+	cache, err = NewChunkCache(dir, 1<<30, WithCacheLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,5 +344,8 @@ func TestCacheSurvivesRestartAndVerifies(t *testing.T) {
 	}
 	if n := store.readCount(blobOf(c)); n != 2 {
 		t.Fatalf("damaged entry was not refetched (%d store reads)", n)
+	}
+	if !strings.Contains(logs.String(), "dropping bad cache entry") {
+		t.Fatalf("damaged cache entry not logged: %s", logs)
 	}
 }

@@ -2,7 +2,6 @@ package lazyfs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-dev/dsec/internal/blob"
@@ -24,43 +22,24 @@ import (
 	"github.com/dsec-dev/dsec/internal/image"
 )
 
-// maxIndexSize bounds the index blob we are willing to load.
-const maxIndexSize = 1 << 30
-
-var indexDecoder, _ = zstd.NewReader(nil, zstd.WithDecoderMaxMemory(maxIndexSize), zstd.WithDecoderConcurrency(0))
-
-// loadIndex reads, verifies and validates a layer index: one zstd frame of
-// the JSON of image.Index, named by the digest of the frame.
+// loadIndex reads a layer index with image.ReadIndex (which verifies its
+// digest and the format's invariants) and checks what the tree builder
+// relies on on top.
 func loadIndex(ctx context.Context, src blob.Reader, d blob.Digest) (*image.Index, error) {
 	if err := d.Validate(); err != nil {
 		return nil, err
 	}
-	info, err := src.Stat(ctx, d)
-	if err != nil {
-		return nil, fmt.Errorf("layer index %s: %w", d, err)
-	}
-	if info.Size > maxIndexSize {
-		return nil, fmt.Errorf("layer index %s is %d bytes: %w", d, info.Size, ErrCorrupt)
-	}
-	z, err := blob.ReadAll(ctx, src, d)
+	idx, err := image.ReadIndex(ctx, src, d)
 	if errors.Is(err, blob.ErrDigestMismatch) {
-		return nil, fmt.Errorf("layer index: %w: %w", err, ErrCorrupt)
+		return nil, fmt.Errorf("%w: %w", err, ErrCorrupt)
 	}
 	if err != nil {
+		return nil, err
+	}
+	if err := validateIndex(idx); err != nil {
 		return nil, fmt.Errorf("layer index %s: %w", d, err)
 	}
-	raw, err := indexDecoder.DecodeAll(z, nil)
-	if err != nil {
-		return nil, fmt.Errorf("layer index %s: not a zstd frame: %v: %w", d, err, ErrCorrupt)
-	}
-	var idx image.Index
-	if err := json.Unmarshal(raw, &idx); err != nil {
-		return nil, fmt.Errorf("parse layer index %s: %v: %w", d, err, ErrCorrupt)
-	}
-	if err := validateIndex(&idx); err != nil {
-		return nil, fmt.Errorf("layer index %s: %w", d, err)
-	}
-	return &idx, nil
+	return idx, nil
 }
 
 // validateIndex checks what the tree builder relies on, so a bad index is a

@@ -362,3 +362,26 @@ func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool)
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// mountEntry returns the mountinfo fields of the mount at dir: mount
+// options, fs type, source and super options.
+func mountEntry(t testing.TB, dir string) (opts, fstype, source, super string) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 10 || f[4] != dir {
+			continue
+		}
+		i := 6
+		for f[i] != "-" {
+			i++
+		}
+		return f[5], f[i+1], f[i+2], f[i+3]
+	}
+	t.Fatalf("%s is not mounted", dir)
+	return
+}

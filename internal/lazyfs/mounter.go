@@ -16,6 +16,7 @@ import (
 
 	"github.com/dsec-dev/dsec/internal/blob"
 	"github.com/dsec-dev/dsec/internal/errdefs"
+	"github.com/dsec-dev/dsec/internal/image"
 )
 
 // Defaults; see the options.
@@ -63,6 +64,8 @@ type mount struct {
 	lfs    *layerFS
 	stop   context.CancelFunc // stops prefetch
 }
+
+var _ image.LayerProvider = (*Mounter)(nil)
 
 // Opt configures a Mounter.
 type Opt func(*Mounter)

@@ -56,6 +56,15 @@ func TestAcquireSharesOneMount(t *testing.T) {
 	if n := mountsUnder(t, e.root); n != 1 {
 		t.Fatalf("%d mounts for one layer, want 1", n)
 	}
+	opts, fstype, source, super := mountEntry(t, dirs[0])
+	for _, want := range []string{"ro", "allow_other", "default_permissions", "max_read=1048576"} {
+		if !strings.Contains(","+opts+","+super+",", ","+want+",") {
+			t.Errorf("mount options %s / %s lack %s", opts, super, want)
+		}
+	}
+	if fstype != "fuse.dsec" || source != "dsec-layer" {
+		t.Errorf("mounted as %s from %s", fstype, source)
+	}
 	if n := e.store.readCount(d); n != 1 {
 		t.Fatalf("index read %d times, want 1", n)
 	}
@@ -161,7 +170,7 @@ func TestAcquireBadInput(t *testing.T) {
 	}{
 		{"malformed digest", "sha256:nothex", errdefs.IsInvalidArgument},
 		{"missing index", blob.FromBytes([]byte("nope")), errdefs.IsNotFound},
-		{"not zstd", put([]byte(`{"version":1}`)), func(err error) bool { return errors.Is(err, ErrCorrupt) }},
+		{"not zstd", put([]byte(`{"version":1}`)), errdefs.IsInvalidArgument},
 		{"wrong version", putIndex(t, e.store, &image.Index{Version: 99, Entries: []image.Entry{root}}), errdefs.IsInvalidArgument},
 		{"no root", putIndex(t, e.store, &image.Index{Version: image.IndexVersion}), errdefs.IsInvalidArgument},
 		{"orphan", idx(image.Entry{Path: "a/b", Type: image.TypeReg}), errdefs.IsInvalidArgument},
@@ -267,8 +276,9 @@ func TestStatsAndCollector(t *testing.T) {
 	if _, err := os.ReadFile(filepath.Join(mnt, "a")); err != nil {
 		t.Fatal(err)
 	}
+	// Lower bounds only: anything on the host may read the shared mount.
 	st, ok := e.m.ImageStats("python:3.12")
-	if !ok || st.ImageBytes != 2<<20 || st.FetchedBytes != 1<<20 || st.ReadBytes != 1<<20 || st.Misses == 0 {
+	if !ok || st.ImageBytes != 2<<20 || st.FetchedBytes < 1<<20 || st.ReadBytes < 1<<20 || st.Misses == 0 {
 		t.Fatalf("image stats: %+v", st)
 	}
 	if st.FetchWait <= 0 {
@@ -282,11 +292,11 @@ func TestStatsAndCollector(t *testing.T) {
 		t.Fatalf("gathered %d metrics: %v", n, err)
 	}
 	exp := `
-# HELP dsec_lazyfs_image_fetched_bytes_total Bytes read from the blob store.
-# TYPE dsec_lazyfs_image_fetched_bytes_total counter
-dsec_lazyfs_image_fetched_bytes_total{image="python:3.12"} 1.048576e+06
+# HELP dsec_lazyfs_image_image_bytes Sum of regular file sizes.
+# TYPE dsec_lazyfs_image_image_bytes gauge
+dsec_lazyfs_image_image_bytes{image="python:3.12"} 2.097152e+06
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(exp), "dsec_lazyfs_image_fetched_bytes_total"); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(exp), "dsec_lazyfs_image_image_bytes"); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := e.m.ImageStats("unknown"); ok {

@@ -92,9 +92,13 @@ func (l *Local) Residents() []Resident {
 	defer l.mu.RUnlock()
 	out := make([]Resident, 0, len(l.sbs))
 	for id, sb := range l.sbs {
-		if r := sb.resident.Load(); r != nil {
+		switch r := sb.resident.Load(); {
+		case r != nil:
 			out = append(out, *r)
-		} else {
+		case sb.mu.TryLock(): // a record adopted as dead and never persisted since
+			out = append(out, Resident{ID: id, State: sb.rec.State, CPU: sb.rec.Spec.CPU})
+			sb.mu.Unlock()
+		default:
 			out = append(out, Resident{ID: id, State: StateCreating})
 		}
 	}
@@ -254,10 +258,17 @@ func (l *Local) touch(sb *sandbox) {
 // (v1 without cpu.idle) leaves cpu.idle off: the agent makes batch tasks
 // SCHED_IDLE instead.
 func resources(spec SandboxSpec, taskSchedIdle bool) (cgroups.Resources, error) {
+	// Swap is bounded by the memory limit: proactive reclaim may push all
+	// of a sandbox's memory out, but with swap on the host a memory bomb
+	// must still be killed (at twice its limit), not fill the host's swap.
+	swap := int64(-1)
+	if spec.MemoryBytes > 0 {
+		swap = spec.MemoryBytes
+	}
 	r, err := reclaim.ApplyClass(spec.QoS, cgroups.Resources{
 		MemoryLimit: spec.MemoryBytes,
 		PidsLimit:   spec.Pids,
-		SwapLimit:   -1,
+		SwapLimit:   swap,
 	})
 	if err != nil {
 		return r, err

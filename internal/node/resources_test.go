@@ -34,10 +34,27 @@ func TestResourcesClasses(t *testing.T) {
 			if r.CPUWeight != tc.weight || r.CPUIdle != tc.idle || r.CPUQuotaMicros != tc.quota {
 				t.Fatalf("got weight %d idle %v quota %d, want %d %v %d", r.CPUWeight, r.CPUIdle, r.CPUQuotaMicros, tc.weight, tc.idle, tc.quota)
 			}
-			if r.MemoryLimit != 64<<20 || r.PidsLimit != 100 || r.SwapLimit != -1 {
+			if r.MemoryLimit != 64<<20 || r.PidsLimit != 100 || r.SwapLimit != 64<<20 {
 				t.Fatalf("limits not carried: %+v", r)
 			}
 		})
+	}
+}
+
+// Swap is bounded by the memory limit (a memory bomb on a host with swap
+// is killed at twice its limit); without a memory limit it is not bounded
+// either.
+func TestResourcesSwapBound(t *testing.T) {
+	for _, tc := range []struct {
+		mem, swap int64
+	}{{64 << 20, 64 << 20}, {1 << 30, 1 << 30}, {0, -1}} {
+		r, err := resources(SandboxSpec{CPU: 1, MemoryBytes: tc.mem}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.SwapLimit != tc.swap {
+			t.Errorf("memory %d: swap limit %d, want %d", tc.mem, r.SwapLimit, tc.swap)
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dsec-dev/dsec/client"
+	"github.com/dsec-dev/dsec/internal/testutil"
 )
 
 // The grader must be unfindable: an agent that reads the run's logs, the
@@ -19,6 +20,7 @@ import (
 // view of the machine (/, /proc and /sys included, GNU-grep style) for
 // every secret the test planted outside it.
 func TestGraderArtifactsInvisible(t *testing.T) {
+	testutil.RequiresRoot(t)
 	c := admin(t)
 	ctx := ctxT(t, 2*time.Minute)
 
@@ -116,6 +118,7 @@ func TestGraderArtifactsInvisible(t *testing.T) {
 // the tool reads the masked files directly, and writes to /proc/sys and
 // /proc/sysrq-trigger fail.
 func TestProcAndSysMasked(t *testing.T) {
+	testutil.RequiresRoot(t)
 	id := newSandbox(t, client.SandboxSpec{})
 	putAttack(t, id)
 
@@ -180,6 +183,7 @@ func TestProcAndSysMasked(t *testing.T) {
 // own mount and network namespaces), and connecting to the server's socket
 // path, the default one or the layer daemon's fails.
 func TestServerSocketUnreachable(t *testing.T) {
+	testutil.RequiresRoot(t)
 	id := newSandbox(t, client.SandboxSpec{})
 	putAttack(t, id)
 	var u struct {
@@ -215,6 +219,7 @@ func TestServerSocketUnreachable(t *testing.T) {
 // symlink out of its root or into /proc gets a clear refusal at once, and
 // a write goes through the sandbox's disk limit like any other.
 func TestFileAPIAbuse(t *testing.T) {
+	testutil.RequiresRoot(t)
 	id := newSandbox(t, client.SandboxSpec{DiskBytes: 64 << 20})
 	sh(t, id, `mkfifo /workspace/result.fifo
 ln -s /dev/zero /workspace/result.zero

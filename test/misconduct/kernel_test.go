@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/dsec-dev/dsec/client"
+	"github.com/dsec-dev/dsec/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,6 +25,7 @@ var ioctlNames = []string{"FICLONE", "FICLONERANGE", "FIDEDUPERANGE", "XFS_IOC_S
 // EOPNOTSUPP, what a file system without reflink says; on fd -1 the kernel
 // would say EBADF, so EOPNOTSUPP there proves the filter saw the call.
 func TestExtentIoctlsBlocked(t *testing.T) {
+	testutil.RequiresRoot(t)
 	// The control: on the host, the kernel itself answers fd -1.
 	out, err := exec.Command(suite.attack, "ioctls", t.TempDir()).Output()
 	if err != nil {
@@ -74,6 +76,7 @@ func TestExtentIoctlsBlocked(t *testing.T) {
 // make the kernel itself answer something else, so EPERM is the
 // sandbox's doing.
 func TestDangerousSyscallsDenied(t *testing.T) {
+	testutil.RequiresRoot(t)
 	id := newSandbox(t, client.SandboxSpec{})
 	putAttack(t, id)
 	want := map[string]string{"io_uring_setup": "ENOSYS"}
@@ -107,6 +110,7 @@ func TestDangerousSyscallsDenied(t *testing.T) {
 // untouched. Also through the file API, which writes with the sandbox's
 // view, not the host's.
 func TestOverwriteSystemBinaries(t *testing.T) {
+	testutil.RequiresRoot(t)
 	want := map[string]string{}
 	for _, f := range []string{"bin/bash", "bin/busybox"} {
 		b, err := os.ReadFile(filepath.Join(suite.rootfs, f))
@@ -164,6 +168,7 @@ printf '#!/tmp/saved/busybox sh\necho pwned-bash\n' > /bin/bash
 // another sandbox's files raw), the host's serial console, /dev/fuse. The
 // sandbox's root and /dev are nodev, so such a node does not open.
 func TestDeviceNodes(t *testing.T) {
+	testutil.RequiresRoot(t)
 	// The bystander's disk on the host; its device numbers.
 	out, err := exec.Command("losetup", "-n", "-O", "NAME", "-j", filepath.Join(suite.srv.DataDir, "node", "sandboxes", suite.bystander, "disk.img")).Output()
 	if err != nil {

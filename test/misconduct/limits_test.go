@@ -1,6 +1,7 @@
 package misconduct
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dsec-dev/dsec/client"
+	"github.com/dsec-dev/dsec/internal/testutil"
 	"github.com/dsec-dev/dsec/test/testenv"
 	"golang.org/x/sys/unix"
 )
@@ -18,19 +20,31 @@ import (
 // A fork bomb hits the sandbox's pids limit: forks fail inside, the count
 // never passes the limit, and the bystander and the server do not notice.
 func TestForkBomb(t *testing.T) {
+	testutil.RequiresRoot(t)
 	const pids = 64
 	id := newSandbox(t, client.SandboxSpec{Pids: pids})
 	c := admin(t)
 	var peak int64
 	duringAttack(t, func() {
-		done := make(chan result, 1)
+		// The bomb runs in its own goroutine, which must not fail the test
+		// itself: it hands its stderr and error over.
+		type bombResult struct {
+			stderr string
+			err    error
+		}
+		done := make(chan bombResult, 1)
 		go func() {
-			done <- execIn(t, id, client.ExecRequest{Shell: "f(){ f | f & }; f; sleep 4", Timeout: 20 * time.Second})
+			var stderr bytes.Buffer
+			_, err := c.Exec(context.Background(), client.ExecRequest{SandboxID: id, Shell: "f(){ f | f & }; f; sleep 4", Timeout: 20 * time.Second}, nil, io.Discard, &stderr)
+			done <- bombResult{stderr.String(), err}
 		}()
-		deadline := time.After(30 * time.Second)
+		deadline := time.After(60 * time.Second)
 		for {
 			select {
 			case r := <-done:
+				if r.err != nil {
+					t.Fatalf("fork bomb exec: %v", r.err)
+				}
 				if !strings.Contains(r.stderr, "can't fork") && !strings.Contains(r.stderr, "Resource temporarily unavailable") {
 					t.Errorf("the bomb never hit the limit: stderr %q", r.stderr[:min(len(r.stderr), 300)])
 				}
@@ -65,8 +79,10 @@ func TestForkBomb(t *testing.T) {
 }
 
 // A memory bomb is killed inside its sandbox by the OOM killer at the
-// sandbox's limit; the sandbox keeps running and reports the kill.
+// sandbox's limit (or, when the host has swap, at twice it: swap is bounded
+// by the limit too); the sandbox keeps running and reports the kill.
 func TestMemoryBomb(t *testing.T) {
+	testutil.RequiresRoot(t)
 	id := newSandbox(t, client.SandboxSpec{MemoryBytes: 64 << 20})
 	putAttack(t, id)
 	var r result
@@ -74,7 +90,10 @@ func TestMemoryBomb(t *testing.T) {
 		r = execIn(t, id, client.ExecRequest{Args: []string{attackPath, "memhog", "1024"}, Timeout: time.Minute})
 	})
 	if r.ExitCode == 0 || r.Signal != "SIGKILL" {
-		t.Errorf("memory bomb was not OOM-killed: %+v stdout %q", r.ExecResult, r.stdout)
+		// With swap on the host, only the swap bound (memory+swap at
+		// twice the limit) stops the bomb.
+		swaps, _ := os.ReadFile("/proc/swaps")
+		t.Errorf("memory bomb was not OOM-killed: %+v stdout %q; host swaps:\n%s", r.ExecResult, r.stdout, swaps)
 	}
 	st, err := admin(t).Stats(ctxT(t, 10*time.Second), id)
 	if err != nil {
@@ -93,6 +112,7 @@ func TestMemoryBomb(t *testing.T) {
 // that sandbox only; the bystander still writes, and the host file system
 // under the server lost at most the limit.
 func TestDiskFill(t *testing.T) {
+	testutil.RequiresRoot(t)
 	const limit = 64 << 20
 	id := newSandbox(t, client.SandboxSpec{DiskBytes: limit})
 	freeBefore := hostFree(t)
@@ -125,6 +145,7 @@ func TestDiskFill(t *testing.T) {
 // limit (busybox's yes then spins on ENOSPC with a long line, so the exec
 // timeout ends it), and the sandbox recovers when the log goes.
 func TestLogFileFlood(t *testing.T) {
+	testutil.RequiresRoot(t)
 	const limit = 64 << 20
 	id := newSandbox(t, client.SandboxSpec{DiskBytes: limit})
 	var r result
@@ -147,6 +168,7 @@ func TestLogFileFlood(t *testing.T) {
 // only a capped tail on disk; its memory stays bounded, whether the client
 // reads everything or goes away.
 func TestStdoutFlood(t *testing.T) {
+	testutil.RequiresRoot(t)
 	const outCap = 1 << 20
 	id := newSandbox(t, client.SandboxSpec{})
 	c := admin(t)

@@ -1,12 +1,3 @@
-// Package misconduct is the misconduct suite: every trick a reward-hacking
-// agent was seen to try (issue 4) runs as a real program inside a real
-// sandbox of the real dsec binary, and each test asserts that it is
-// contained: the attack fails the way the defence says it must, and the
-// server and a bystander sandbox keep working during and after it.
-//
-// One server serves the whole suite (TestMain), with a unix socket for the
-// admin and a TCP listener for tenants. The in-sandbox tool (./attack) is a
-// static Go program copied into each attacking sandbox with `dsec file put`.
 package misconduct
 
 import (
@@ -226,7 +217,8 @@ func checkHealthy(ctx context.Context) error {
 }
 
 // duringAttack runs attack while checking, every 250ms, that the server
-// and the bystander stay healthy; then checks once more.
+// and the bystander stay healthy; then checks once more. The checker stops
+// also when attack fails the test.
 func duringAttack(t *testing.T, attack func()) {
 	t.Helper()
 	stop := make(chan struct{})
@@ -254,9 +246,13 @@ func duringAttack(t *testing.T, attack func()) {
 			}
 		}
 	}()
-	attack()
-	close(stop)
-	wg.Wait()
+	func() {
+		defer func() {
+			close(stop)
+			wg.Wait()
+		}()
+		attack()
+	}()
 	if len(failures) > 0 {
 		t.Errorf("during the attack (%d checks): %s", checks, strings.Join(failures, "; "))
 	}

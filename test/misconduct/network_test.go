@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dsec-dev/dsec/client"
+	"github.com/dsec-dev/dsec/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -155,6 +156,7 @@ func sandboxAddr(t *testing.T, id string) string {
 // host service), the metadata address, or another sandbox; and a policy
 // replaced at run time applies to the next connection.
 func TestPortScan(t *testing.T) {
+	testutil.RequiresRoot(t)
 	th := newTestHost(t)
 	hostL, err := net.Listen("tcp", "0.0.0.0:0")
 	if err != nil {
