@@ -373,9 +373,17 @@ func newImageStatsCmd(a *app) *cobra.Command {
 func newImagePullCmd(a *app) *cobra.Command {
 	var public, progress, asJSON bool
 	cmd := &cobra.Command{
-		Use:   "pull REF",
-		Short: "Have the server fetch REF from its configured registry",
-		Args:  exactArgs(1, "an image REF"),
+		Use:   "pull [REGISTRY/]NAME[:TAG|@DIGEST]",
+		Short: "Have the server pull an image from a registry",
+		Long: `Have the server pull an image for its platform from a registry (plain
+HTTP for localhost, 127.0.0.0/8 and private addresses, HTTPS otherwise;
+Docker Hub when REF names no registry) and store it under its name
+without the registry host:
+127.0.0.1:5000/team/img:1 becomes team/img:1, python:3.12 stays python:3.12.
+Admin only.`,
+		Example: `  dsec image pull 127.0.0.1:5000/team/img:1
+  dsec image pull registry.example/base@sha256:<hex>   # stored as base:sha256-<12 hex>`,
+		Args: exactArgs(1, "an image REF"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
 			if err != nil {

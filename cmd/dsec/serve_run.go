@@ -164,6 +164,9 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 		return err
 	}
 	defer svc.Close()
+	if err := svc.Registry().Register(imageMetrics{stats: imgs.AllStats, log: log.With("component", "metrics")}); err != nil {
+		return err
+	}
 
 	stopReclaim, err := eff.start(ctx, agent, rt)
 	if err != nil {

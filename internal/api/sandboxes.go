@@ -2,6 +2,8 @@ package api
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -562,9 +564,12 @@ func (s *ControlPlane) Fork(ctx context.Context, c Caller, id string, count int)
 	}
 	owner := Caller{Tenant: src.Sandbox.Spec.Tenant, Admin: c.Admin, TokenID: c.TokenID}
 	var out []node.Sandbox
+	// One group per request: the node commits the source once and every
+	// fork starts from that same point in time.
+	group := newForkGroup()
 	for i := 0; i < count; i++ {
 		spec := src.Sandbox.Spec
-		spec.ID, spec.FromSandbox = "", id
+		spec.ID, spec.FromSandbox, spec.ForkGroup = "", id, group
 		spec.Labels = maps.Clone(spec.Labels)
 		sb, err := s.create(ctx, owner, &spec)
 		if err != nil {
@@ -578,4 +583,10 @@ func (s *ControlPlane) Fork(ctx context.Context, c Caller, id string, count int)
 		out = append(out, *sb)
 	}
 	return out, nil
+}
+
+func newForkGroup() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

@@ -67,6 +67,10 @@ type SandboxSpec struct {
 	// FromSandbox, if set, starts the new sandbox with a copy of that
 	// sandbox's file-system state (fork).
 	FromSandbox string `json:"from_sandbox,omitempty"`
+	// ForkGroup makes the forks of one request share one commit of the
+	// source: every create with the same FromSandbox and ForkGroup starts
+	// from the same point in time, and the source's upper is read once.
+	ForkGroup string `json:"fork_group,omitempty"`
 }
 
 // Sandbox is the node's view of one sandbox.

@@ -62,6 +62,9 @@ type Local struct {
 
 	mu  sync.RWMutex
 	sbs map[string]*sandbox
+
+	forkMu sync.Mutex
+	forks  map[string]forkImage // (source/group) -> pinned fork image
 }
 
 var _ Agent = (*Local)(nil)
@@ -388,15 +391,11 @@ func (l *Local) CreateSandbox(ctx context.Context, spec SandboxSpec) (*Sandbox, 
 		return nil, err
 	}
 	if spec.FromSandbox != "" {
-		ref, err := l.forkImage(ctx, spec.FromSandbox)
+		ref, err := l.forkImage(ctx, spec.FromSandbox, spec.ForkGroup)
 		if err != nil {
 			return nil, err
 		}
 		spec.Image = ref
-		// The fork runs on its pinned version (NAME@digest), which GC keeps
-		// while the fork lives; the hidden tag is only needed until then
-		// and would otherwise outlive every fork.
-		defer l.untag(context.WithoutCancel(ctx), ref)
 	}
 	if l.deps.Admission != nil {
 		if err := l.deps.Admission.Admit(ctx, spec); err != nil {
@@ -712,11 +711,49 @@ func (l *Local) untag(ctx context.Context, ref string) {
 	}
 }
 
+// forkGroupTTL is how long the commit of one fork request is reused.
+const forkGroupTTL = time.Minute
+
+type forkImage struct {
+	pinned  string
+	expires time.Time
+}
+
 // forkImage snapshots the source into a hidden image version that the forks
-// share as a read-only layer: one commit, no per-fork copy.
-func (l *Local) forkImage(ctx context.Context, from string) (string, error) {
-	ref := "dsec-fork/" + from + ":" + fmt.Sprint(time.Now().UnixNano())
-	return l.Snapshot(ctx, from, ref)
+// share as a read-only layer: no per-fork copy, and with a group, one
+// commit for all forks of a request. Forks run on the pinned version
+// (NAME@digest), which GC keeps while a fork lives, so the hidden tag is
+// removed at once and never outlives the forks.
+func (l *Local) forkImage(ctx context.Context, from, group string) (string, error) {
+	l.forkMu.Lock()
+	defer l.forkMu.Unlock()
+	now := time.Now()
+	for k, f := range l.forks {
+		if now.After(f.expires) {
+			delete(l.forks, k)
+		}
+	}
+	key := from + "/" + group
+	if f, ok := l.forks[key]; ok && group != "" {
+		return f.pinned, nil
+	}
+	tag := "dsec-fork/" + from + ":" + fmt.Sprint(now.UnixNano())
+	ref, err := l.Snapshot(ctx, from, tag)
+	if err != nil {
+		return "", err
+	}
+	pinned, _, err := l.deps.Images.ResolveImage(ctx, ref)
+	if err != nil {
+		return "", err
+	}
+	l.untag(context.WithoutCancel(ctx), ref)
+	if group != "" {
+		if l.forks == nil {
+			l.forks = map[string]forkImage{}
+		}
+		l.forks[key] = forkImage{pinned: pinned, expires: now.Add(forkGroupTTL)}
+	}
+	return pinned, nil
 }
 
 // SandboxStats implements Agent.

@@ -3,6 +3,7 @@ package e2e
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"crypto/md5"
 	"crypto/rand"
 	"crypto/sha256"
@@ -12,12 +13,14 @@ import (
 	"io"
 	"log"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -451,9 +454,42 @@ func TestImageStatsLazy(t *testing.T) {
 	}
 	id2 := s.newSandbox("lazy:1")
 	s.sh(id2, "cat /data/big.bin > /dev/null")
-	if three := s.stats("lazy:1"); three.FetchedBytes > two.FetchedBytes+1<<20 {
+	three := s.stats("lazy:1")
+	if three.FetchedBytes > two.FetchedBytes+1<<20 {
 		t.Fatalf("a second sandbox fetched again: %+v (before %+v)", three, two)
 	}
+	// The same figures on /metrics.
+	metrics := s.metrics()
+	for _, want := range []string{
+		fmt.Sprintf(`dsec_image_fetched_bytes{image="lazy:1"} %s`, promFloat(three.FetchedBytes)),
+		fmt.Sprintf(`dsec_image_bytes{image="lazy:1"} %s`, promFloat(three.ImageBytes)),
+	} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+// promFloat formats n as the Prometheus text format does.
+func promFloat(n int64) string { return strconv.FormatFloat(float64(n), 'g', -1, 64) }
+
+// metrics fetches the server's /metrics over its unix socket.
+func (s *server) metrics() string {
+	s.t.Helper()
+	sock := strings.TrimPrefix(s.addr, "unix://")
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	resp, err := hc.Get("http://dsec/metrics")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		s.t.Fatalf("/metrics: %d %v", resp.StatusCode, err)
+	}
+	return string(b)
 }
 
 func TestSnapshotCommitsPrivateLayer(t *testing.T) {

@@ -486,13 +486,15 @@ func walk(args []string) (*walkResult, error) {
 func bytesContains(b, sub []byte) bool { return strings.Contains(string(b), string(sub)) }
 
 type readResult struct {
-	N     int    `json:"n"`
-	Err   string `json:"err"`
-	Bytes string `json:"bytes,omitempty"` // the first bytes, for a leak report
+	Opened bool   `json:"opened"`
+	N      int    `json:"n"`
+	Err    string `json:"err"`
+	Bytes  string `json:"bytes,omitempty"` // the first bytes, for a leak report
 }
 
 // readPaths opens and reads each path (up to 64 KiB), the way a curious
-// agent would: readlink too, for /proc/N/exe and friends.
+// agent would: readlink too, for /proc/N/exe and friends. An open or read
+// that blocks (a console, a FIFO) is given up after two seconds.
 func readPaths(paths []string) map[string]readResult {
 	res := map[string]readResult{}
 	for _, p := range paths {
@@ -501,22 +503,41 @@ func readPaths(paths []string) map[string]readResult {
 		} else {
 			res[p+"#readlink"] = readResult{Err: errnoName(err)}
 		}
-		f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NONBLOCK, 0)
-		if err != nil {
-			res[p] = readResult{Err: errnoName(err)}
-			continue
+		var mu sync.Mutex
+		r := readResult{Err: "timeout"}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NONBLOCK, 0)
+			if err != nil {
+				mu.Lock()
+				r = readResult{Err: errnoName(err)}
+				mu.Unlock()
+				return
+			}
+			mu.Lock()
+			r.Opened = true
+			mu.Unlock()
+			defer f.Close()
+			b := make([]byte, 64<<10)
+			n, err := io.ReadFull(f, b)
+			if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+				err = nil
+			}
+			mu.Lock()
+			r = readResult{Opened: true, N: n, Err: errnoName(err)}
+			if n > 0 {
+				r.Bytes = string(b[:min(n, 64)])
+			}
+			mu.Unlock()
+		}()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
 		}
-		b := make([]byte, 64<<10)
-		n, err := io.ReadFull(f, b)
-		f.Close()
-		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			err = nil
-		}
-		r := readResult{N: n, Err: errnoName(err)}
-		if n > 0 {
-			r.Bytes = string(b[:min(n, 64)])
-		}
+		mu.Lock()
 		res[p] = r
+		mu.Unlock()
 	}
 	return res
 }
