@@ -114,6 +114,19 @@ type layerFS struct {
 	log         *slog.Logger
 	rec         *recorder
 	passthrough bool
+	// noXattrs: no entry of the layer has an xattr. Getxattr then answers
+	// ENOSYS, after which the kernel stops asking for the whole mount
+	// (FUSE caches no xattrs, and `ls -l` asks two per file).
+	noXattrs bool
+}
+
+func hasXattrs(idx *image.Index) bool {
+	for i := range idx.Entries {
+		if len(idx.Entries[i].Xattrs) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func (l *layerFS) reader() reader { return reader{layer: l.digest, st: l.st} }
@@ -270,6 +283,9 @@ func (n *node) fill(a *fuse.Attr) {
 }
 
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if n.l.noXattrs {
+		return 0, syscall.ENOSYS
+	}
 	v, ok := n.e.Xattrs[attr]
 	if !ok {
 		return 0, syscall.ENODATA
@@ -284,6 +300,9 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 }
 
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	if n.l.noXattrs {
+		return 0, syscall.ENOSYS
+	}
 	names := make([]string, 0, len(n.e.Xattrs))
 	size := 0
 	for k := range n.e.Xattrs {

@@ -408,3 +408,39 @@ func TestMmapCachedAndPassthrough(t *testing.T) {
 		t.Fatalf("passthrough mapping was served by the daemon (%d bytes)", after.ReadBytes-before.ReadBytes)
 	}
 }
+
+// A layer without any xattr answers ENOSYS so the kernel stops asking
+// (ls -l asks two per file); a layer with xattrs serves them exactly.
+func TestNoXattrLayerShortCircuits(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		withAttr bool
+	}{{"no xattrs", false}, {"with xattrs", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			idx := &image.Index{Version: image.IndexVersion, Entries: []image.Entry{
+				{Path: "", Type: image.TypeDir, Mode: 0o755},
+				{Path: "f", Type: image.TypeReg, Mode: 0o644},
+			}}
+			if tc.withAttr {
+				idx.Entries[1].Xattrs = map[string][]byte{"user.k": []byte("v")}
+			}
+			if got := !hasXattrs(idx); got == tc.withAttr {
+				t.Fatalf("noXattrs = %v", got)
+			}
+			l := &layerFS{idx: idx, noXattrs: !hasXattrs(idx)}
+			n := &node{l: l, e: &idx.Entries[1]}
+			buf := make([]byte, 64)
+			sz, errno := n.Getxattr(context.Background(), "user.k", buf)
+			_, lerrno := n.Listxattr(context.Background(), make([]byte, 64))
+			if tc.withAttr {
+				if errno != 0 || string(buf[:sz]) != "v" || lerrno != 0 {
+					t.Fatalf("getxattr = %q %v, listxattr %v", buf[:sz], errno, lerrno)
+				}
+				return
+			}
+			if errno != syscall.ENOSYS || lerrno != syscall.ENOSYS {
+				t.Fatalf("getxattr %v, listxattr %v: want ENOSYS", errno, lerrno)
+			}
+		})
+	}
+}

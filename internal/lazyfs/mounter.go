@@ -246,7 +246,7 @@ func (m *Mounter) mount(ctx context.Context, mt *mount) error {
 	st.imageBytes.Store(idx.Size)
 	l := &layerFS{
 		digest: mt.digest, idx: idx, src: m.src, cache: m.cache, st: st,
-		log: m.log, passthrough: m.pthrough,
+		log: m.log, passthrough: m.pthrough, noXattrs: !hasXattrs(idx),
 	}
 	var list []string
 	if m.window >= 0 {
