@@ -18,7 +18,8 @@ echo "== python client against a real server"
 work=$(mktemp -d /tmp/dsec-pytest.XXXXXX)
 scripts/mkrootfs.sh "$work/rootfs" >/dev/null
 export DSEC_ADDR="unix://$work/dsec.sock"
-"$BIN" serve --data-dir "$work/data" --listen "$DSEC_ADDR" >"$work/serve.log" 2>&1 &
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$BIN" serve --data-dir "$work/data" --listen "$DSEC_ADDR" --listen "tcp://127.0.0.1:$port" >"$work/serve.log" 2>&1 &
 server=$!
 stop_server() {
   "$BIN" sandbox ls --json 2>/dev/null | python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)]' | xargs -r "$BIN" sandbox rm >/dev/null 2>&1 || true
@@ -28,6 +29,12 @@ stop_server() {
 }
 trap stop_server EXIT
 for _ in $(seq 100); do [ -S "$work/dsec.sock" ] && break; sleep 0.1; done
-"$BIN" image import pytest:latest "$work/rootfs" >/dev/null
-DSEC_TEST_IMAGE=pytest:latest DSEC_REQUIRE_SERVER=1 python3 -m unittest discover -s python/tests -v 2>&1 | tail -n 30 || status=1
+"$BIN" image import pytest:latest "$work/rootfs" --public >/dev/null
+echo "-- over the unix socket (admin)"
+DSEC_TEST_IMAGE=pytest:latest DSEC_REQUIRE_SERVER=1 python3 -m unittest discover -s python/tests 2>&1 | tail -n 4 || status=1
+echo "-- over TCP with a tenant's token"
+"$BIN" tenant create pytest >/dev/null
+token=$("$BIN" token create --tenant pytest --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["secret"])')
+DSEC_ADDR="tcp://127.0.0.1:$port" DSEC_TOKEN="$token" DSEC_TEST_IMAGE=pytest:latest DSEC_REQUIRE_SERVER=1 \
+  python3 -m unittest discover -s python/tests -v 2>&1 | tail -n 40 || status=1
 exit $status
