@@ -29,6 +29,10 @@ const (
 	// busyCores: a sandbox using more than this is not idle, whatever the
 	// API saw (a build running in the background is not waiting).
 	busyCores = 0.02
+	// minMeasuredForAverage measured sandboxes make the node's average a
+	// newcomer's expected CPU use; minExpectedCPU floors it (cores).
+	minMeasuredForAverage = 5
+	minExpectedCPU        = 0.01
 	// expectedPids is what admission expects a newcomer to use of its pids
 	// limit: a limit is a cap, not a need, and the node's task count
 	// measures the rest.
@@ -71,6 +75,7 @@ func newEfficiency(ctx context.Context, o *serveOptions, cg cgroups.Manager, log
 	}
 	policy := scheduler.DefaultPolicy()
 	policy.CPUOvercommit = o.overcommit
+	policy.ExpectedCPUFraction = o.expectedCPU
 	if o.memReserve != "" {
 		if policy.MemoryReserve, err = parseSize(o.memReserve); err != nil {
 			return nil, usagef("--memory-reserve: %v", err)
@@ -358,6 +363,18 @@ type admission struct {
 	// pending are admitted sandboxes not yet running: their expected use
 	// counts until they are measured.
 	pending map[string]pendingAdmission
+	// expected is a newcomer's expected CPU use for its request, set by
+	// usage from the node's measured sandboxes. a.mu held.
+	expected func(request float64) float64
+}
+
+// policyFor is the policy with the expected-use fraction of this shape.
+func (a *admission) policyFor(shape scheduler.Shape) scheduler.Policy {
+	p := a.policy
+	if shape.CPU > 0 {
+		p.ExpectedCPUFraction = a.expected(shape.CPU) / shape.CPU
+	}
+	return p
 }
 
 type pendingAdmission struct {
@@ -401,18 +418,34 @@ func (a *admission) usage() (scheduler.NodeUsage, error) {
 		sbs = a.agent.Residents()
 	}
 	listed := map[string]string{}
+	var unmeasured []float64 // requests of running sandboxes without a rate yet
+	var measuredSum float64
+	measured := 0
 	for _, sb := range sbs {
 		listed[sb.ID] = sb.State
 		if sb.State != node.StateRunning && sb.State != node.StatePaused {
 			continue
 		}
 		u.Sandboxes++
-		// Until a sandbox has a measured rate its request stands in.
 		if c := a.stats.CPU(sb.ID); c.Samples >= 2 {
 			u.CPUUsedP95 += c.P95
+			measuredSum += c.P95
+			measured++
 		} else {
-			u.CPUUsedP95 += sb.CPU * a.policy.ExpectedCPUFraction
+			unmeasured = append(unmeasured, sb.CPU)
 		}
+	}
+	// A sandbox without a measured rate yet is expected to use what the
+	// node's measured sandboxes use on average (floored); with too few of
+	// those to go by, the policy's fraction of its request.
+	a.expected = func(request float64) float64 {
+		if measured < minMeasuredForAverage {
+			return request * a.policy.ExpectedCPUFraction
+		}
+		return min(request, max(measuredSum/float64(measured), minExpectedCPU))
+	}
+	for _, req := range unmeasured {
+		u.CPUUsedP95 += a.expected(req)
 	}
 	now := time.Now()
 	for id, p := range a.pending {
@@ -476,13 +509,13 @@ func (a *admission) Admit(ctx context.Context, spec node.SandboxSpec) error {
 		return fmt.Errorf("admission: measure node: %w", err)
 	}
 	shape := a.shape(spec)
-	if err := scheduler.Check(u, shape, a.policy); err != nil {
+	if err := scheduler.Check(u, shape, a.policyFor(shape)); err != nil {
 		if r := scheduler.ShortResource(err); r != "" {
 			return fmt.Errorf("node full for sandbox %s: %w", spec.ID, err)
 		}
 		return err
 	}
-	cpu := shape.CPU * a.policy.ExpectedCPUFraction
+	cpu := a.expected(shape.CPU)
 	mem := int64(float64(shape.MemoryBytes) * a.policy.ExpectedMemoryFraction)
 	a.pending[spec.ID] = pendingAdmission{at: time.Now(), cpu: cpu, mem: mem}
 	return nil
@@ -495,12 +528,12 @@ func (a *admission) Capacity(ctx context.Context, spec node.SandboxSpec) (*node.
 		return nil, err
 	}
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	u, err := a.usage()
-	a.mu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("capacity: measure node: %w", err)
 	}
-	fits, limiting, detail := scheduler.Capacity(u, shape, a.policy)
+	fits, limiting, detail := scheduler.Capacity(u, shape, a.policyFor(shape))
 	if limiting == "invalid" {
 		return nil, fmt.Errorf("capacity: shape: %w", errdefs.ErrInvalidArgument)
 	}

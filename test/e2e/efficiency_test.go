@@ -81,9 +81,9 @@ func TestAdmissionByMeasuredUse(t *testing.T) {
 		t.Fatalf("memory fits %d, MemAvailable %d says about %d", got, mem.Available, want)
 	}
 
-	// Two sandboxes each limited to 60% of the host's memory: by requests
-	// the second could not fit; by measured use both do.
-	big := fmt.Sprintf("%dMi", mem.Total*6/10>>20)
+	// Two sandboxes each limited to 60% of the memory free for sandboxes:
+	// by requests the second could not fit; by measured use both do.
+	big := fmt.Sprintf("%dMi", (mem.Available-512<<20)*6/10>>20)
 	var ids []string
 	for i := 0; i < 2; i++ {
 		ids = append(ids, strings.TrimSpace(s.mustCLI("sandbox", "create", "--image", "busybox:1", "--memory", big)))
