@@ -178,10 +178,14 @@ func (e *efficiency) start(ctx context.Context, agent *node.Local, rt runtime.Ru
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(sampleInterval)
+		// Every sandbox is sampled each sampleInterval; sandboxes without
+		// a measured rate yet every second, so admission replaces their
+		// expected use by a measurement within about two seconds.
+		t := time.NewTicker(time.Second)
 		defer t.Stop()
-		for {
-			e.sample(ctx, agent, rt)
+		perFull := int(sampleInterval / time.Second)
+		for tick := 0; ; tick++ {
+			e.sample(ctx, agent, rt, tick%perFull == 0)
 			select {
 			case <-ctx.Done():
 				return
@@ -221,7 +225,7 @@ func (e *efficiency) start(ctx context.Context, agent *node.Local, rt runtime.Ru
 
 // sample reads every live sandbox's counters once: CPU for the p95
 // window, busy-ness for idleness, and the per-task batch sweep.
-func (e *efficiency) sample(ctx context.Context, agent *node.Local, rt runtime.Runtime) {
+func (e *efficiency) sample(ctx context.Context, agent *node.Local, rt runtime.Runtime, full bool) {
 	sbs, err := agent.ListSandboxes(ctx)
 	if err != nil {
 		return
@@ -233,6 +237,9 @@ func (e *efficiency) sample(ctx context.Context, agent *node.Local, rt runtime.R
 			continue
 		}
 		live[sb.ID] = true
+		if !full && e.stats.CPU(sb.ID).Samples >= 2 {
+			continue
+		}
 		cs, err := rt.Stats(sb.ID)
 		if err != nil {
 			continue

@@ -86,7 +86,7 @@ the server stops or is killed; started again, it adopts them.`,
 	f.StringVar(&o.swap, "swap", "", "compressed swap tier to set up while serving, e.g. zram:4Gi (off by default)")
 	f.DurationVar(&o.reclaimIdle, "reclaim-idle-after", 0, "push cold memory of sandboxes idle this long out (0 = off)")
 	f.Float64Var(&o.overcommit, "cpu-overcommit", 20, "admit sandboxes while measured CPU use stays under cores x this")
-	f.Float64Var(&o.expectedCPU, "expected-cpu-fraction", 0.1, "share of its CPU request a new sandbox is expected to use until measured, while fewer than 5 sandboxes are measured (then their average stands in)")
+	f.Float64Var(&o.expectedCPU, "expected-cpu-fraction", 0.05, "share of its CPU request a new sandbox is expected to use until measured, while fewer than 5 sandboxes are measured (then their average stands in)")
 	f.StringVar(&o.memReserve, "memory-reserve", "512Mi", "admit sandboxes while memory held + a newcomer's limit + this fits in physical memory")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd

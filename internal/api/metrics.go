@@ -55,6 +55,8 @@ var (
 	descNodeCPUUsed     = prometheus.NewDesc("dsec_node_cpu_used_cores", "CPU used by sandboxes on a node (recent rate).", []string{"node"}, nil)
 	descNodeMem         = prometheus.NewDesc("dsec_node_memory_bytes", "Memory of a node.", []string{"node"}, nil)
 	descNodeMemHeld     = prometheus.NewDesc("dsec_node_memory_held_bytes", "Memory held by sandboxes on a node.", []string{"node"}, nil)
+	descNodeMemReclaim  = prometheus.NewDesc("dsec_node_memory_reclaimable_bytes", "Of the memory held by sandboxes on a node, what the kernel can take back without killing anything.", []string{"node"}, nil)
+	descNodeMemAvail    = prometheus.NewDesc("dsec_node_memory_available_bytes", "Memory the node could reuse now (MemAvailable).", []string{"node"}, nil)
 	descNodeUp          = prometheus.NewDesc("dsec_node_up", "1 if the node answered the last scrape.", []string{"node"}, nil)
 	descTenantSandboxes = prometheus.NewDesc("dsec_tenant_sandboxes", "Sandboxes holding resources, per tenant.", []string{"tenant"}, nil)
 	descTenantCPUReq    = prometheus.NewDesc("dsec_tenant_cpu_requested_cores", "CPU requested, per tenant.", []string{"tenant"}, nil)
@@ -69,7 +71,7 @@ type stateCollector struct{ s *ControlPlane }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSandboxes, descNodeCPUs, descNodeCPUReq, descNodeCPUUsed, descNodeMem,
-		descNodeMemHeld, descNodeUp, descTenantSandboxes, descTenantCPUReq, descTenantCPUUsed, descTenantMemLimit, descTenantMemHeld} {
+		descNodeMemHeld, descNodeMemReclaim, descNodeMemAvail, descNodeUp, descTenantSandboxes, descTenantCPUReq, descTenantCPUUsed, descTenantMemLimit, descTenantMemHeld} {
 		ch <- d
 	}
 }
@@ -103,6 +105,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descNodeCPUUsed, info.CPUUsed, name)
 		gauge(descNodeMem, float64(info.MemoryBytes), name)
 		gauge(descNodeMemHeld, float64(info.MemoryHeldBytes), name)
+		gauge(descNodeMemReclaim, float64(info.MemoryReclaimableBytes), name)
+		gauge(descNodeMemAvail, float64(info.MemAvailable), name)
 	}
 	recs, err := store.ListAll[sandboxRecord](ctx, s.st, store.BucketSandboxes, "")
 	if err != nil {
