@@ -41,6 +41,7 @@ type serveOptions struct {
 	swap        string
 	reclaimIdle time.Duration
 	overcommit  float64
+	cpuProfile  string
 	expectedCPU float64
 	memReserve  string
 	logLevel    string
@@ -88,6 +89,8 @@ the server stops or is killed; started again, it adopts them.`,
 	f.Float64Var(&o.overcommit, "cpu-overcommit", 20, "admit sandboxes while measured CPU use stays under cores x this")
 	f.Float64Var(&o.expectedCPU, "expected-cpu-fraction", 0.05, "share of its CPU request a new sandbox is expected to use until measured, while fewer than 5 sandboxes are measured (then their average stands in)")
 	f.StringVar(&o.memReserve, "memory-reserve", "512Mi", "admit sandboxes while memory held + a newcomer's limit + this fits in physical memory")
+	f.StringVar(&o.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the server to this file until it stops (diagnostics)")
+	_ = f.MarkHidden("cpu-profile")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

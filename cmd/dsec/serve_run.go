@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,6 +29,16 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 	log, err := newLogger(o.logLevel)
 	if err != nil {
 		return err
+	}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
 	if os.Geteuid() != 0 {
 		return errors.New("dsec serve must run as root (it creates namespaces, mounts and cgroups)")
