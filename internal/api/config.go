@@ -39,7 +39,7 @@ type Config struct {
 	// are checked, so what is reserved is what the node is asked for.
 	DefaultCPU         float64       // default 1
 	DefaultMemoryBytes int64         // default 512 MiB
-	DefaultDiskBytes   int64         // default 1 GiB
+	DefaultDiskBytes   int64         // 0 = a sandbox that names no disk limit gets none
 	DefaultIdleTTL     time.Duration // 0 = no idle timeout unless the spec asks
 	DefaultMaxLifetime time.Duration // 0 = unlimited unless the spec asks
 	// MaxLifetimeCap bounds MaxLifetime and SetTimeout (0 = no cap).
@@ -72,9 +72,6 @@ func (c *Config) setDefaults() error {
 	}
 	if c.DefaultMemoryBytes == 0 {
 		c.DefaultMemoryBytes = 512 << 20
-	}
-	if c.DefaultDiskBytes == 0 {
-		c.DefaultDiskBytes = 1 << 30
 	}
 	if c.MaxFork == 0 {
 		c.MaxFork = 64

@@ -165,6 +165,9 @@ type reading struct {
 
 type series struct {
 	readings []reading // oldest first, within window
+	// cpu is computed when a reading is added: admission asks for every
+	// sandbox's figures on each create, far more often than readings come.
+	cpu CPU
 }
 
 // NewCPUSampler keeps readings for window (e.g. 5m); readings closer than
@@ -206,17 +209,11 @@ func (c *CPUSampler) Observe(id string, at time.Time, usageNanos uint64) {
 	if cut > 0 {
 		s.readings = append(s.readings[:0], s.readings[cut:]...)
 	}
+	s.cpu = figures(s.readings)
 }
 
-// CPU returns the sandbox's rates. Zero CPU if fewer than two readings.
-func (c *CPUSampler) CPU(id string) CPU {
-	c.mu.Lock()
-	s := c.s[id]
-	var rs []reading
-	if s != nil {
-		rs = append(rs, s.readings...)
-	}
-	c.mu.Unlock()
+// figures computes the rates of readings (oldest first).
+func figures(rs []reading) CPU {
 	if len(rs) < 2 {
 		return CPU{Samples: len(rs)}
 	}
@@ -228,6 +225,16 @@ func (c *CPUSampler) CPU(id string) CPU {
 	sort.Float64s(rates)
 	out.P50, out.P95 = percentile(rates, 0.50), percentile(rates, 0.95)
 	return out
+}
+
+// CPU returns the sandbox's rates. Zero CPU if fewer than two readings.
+func (c *CPUSampler) CPU(id string) CPU {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.s[id]; s != nil {
+		return s.cpu
+	}
+	return CPU{}
 }
 
 // Forget drops a deleted sandbox.
