@@ -39,15 +39,23 @@ if [ -f "$LIMITS/sbx.c" ]; then
   echo '```'
   "$work/sbx" -n "$N" -p 2 -r "$work/refroot" -d "$work/refrun" -F 2>&1 | tail -n 25
   echo '```'
+  echo "Raw C reference density: \`sbx -n $DN -p 2 -F -H 5\` (same run):"
+  echo '```'
+  "$work/sbx" -n "$DN" -p 2 -r "$work/refroot" -d "$work/refrun" -F -H 5 -q 2>&1 | grep -E "MemAvailable drop|init process|=>"
+  echo '```'
 else
   echo "(no $LIMITS/sbx.c: raw reference skipped)"
 fi
 
 export DSEC_ADDR="unix://$work/dsec.sock"
-"$BIN" serve --data-dir "$work/data" --listen "$DSEC_ADDR" --log-level warn >"$work/serve.log" 2>&1 &
+# BENCH_SERVE_ARGS: extra flags, e.g. "--default-disk 0" (no per-sandbox file system).
+# shellcheck disable=SC2086
+"$BIN" serve --data-dir "$work/data" --listen "$DSEC_ADDR" --log-level warn ${BENCH_SERVE_ARGS:-} >"$work/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 100); do [ -S "$work/dsec.sock" ] && break; sleep 0.1; done
 "$BIN" image import bench:1 "$work/rootfs" >/dev/null
+echo "dsec serve flags: ${BENCH_SERVE_ARGS:-(defaults: --default-disk 1Gi)}"
+echo
 run() { echo "\`dsec $*\`:"; echo '```'; "$BIN" "$@"; echo '```'; }
 run bench create --n "$N" --parallel 2 --image bench:1 --json
 run bench exec --n "$((N * 2))" --parallel 1 --image bench:1 --json

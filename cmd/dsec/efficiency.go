@@ -225,6 +225,11 @@ func (e *efficiency) start(ctx context.Context, agent *node.Local, rt runtime.Ru
 
 // sample reads every live sandbox's counters once: CPU for the p95
 // window, busy-ness for idleness, and the per-task batch sweep.
+// cpuUsager is a runtime that can read a sandbox's CPU time alone.
+type cpuUsager interface {
+	CPUUsage(id string) (uint64, error)
+}
+
 func (e *efficiency) sample(ctx context.Context, agent *node.Local, rt runtime.Runtime, full bool) {
 	sbs, err := agent.ListSandboxes(ctx)
 	if err != nil {
@@ -240,11 +245,20 @@ func (e *efficiency) sample(ctx context.Context, agent *node.Local, rt runtime.R
 		if !full && e.stats.CPU(sb.ID).Samples >= 2 {
 			continue
 		}
-		cs, err := rt.Stats(sb.ID)
-		if err != nil {
-			continue
+		var usage uint64
+		if cu, ok := rt.(cpuUsager); ok {
+			// One cgroup file per sandbox, not the dozen of full stats.
+			if usage, err = cu.CPUUsage(sb.ID); err != nil {
+				continue
+			}
+		} else {
+			cs, err := rt.Stats(sb.ID)
+			if err != nil {
+				continue
+			}
+			usage = cs.CPUUsageNanos
 		}
-		e.stats.Observe(sb.ID, cs)
+		e.stats.ObserveCPU(sb.ID, usage)
 		if e.stats.CPU(sb.ID).Rate > busyCores {
 			e.mu.Lock()
 			e.lastBusy[sb.ID] = now

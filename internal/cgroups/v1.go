@@ -290,6 +290,12 @@ func (g *V1Group) set(r Resources, fresh bool) error {
 
 // Stats reads cpu, cpuacct, memory and pids figures. v1 has no per-group
 // PSI, so HasPSI is false.
+// CPUUsage implements CPUUsager.
+func (g *V1Group) CPUUsage() (uint64, error) {
+	v, _, err := readUint(g.paths["cpuacct"], "cpuacct.usage")
+	return v, err
+}
+
 func (g *V1Group) Stats() (*Stats, error) {
 	s := &Stats{}
 	var err error

@@ -246,6 +246,15 @@ func (g *V2Group) set(r Resources, fresh bool) error {
 }
 
 // Stats reads cpu.stat, memory.*, pids.* and the PSI files.
+// CPUUsage implements CPUUsager.
+func (g *V2Group) CPUUsage() (uint64, error) {
+	cs, err := readKeyed(g.dir, "cpu.stat")
+	if err != nil {
+		return 0, err
+	}
+	return cs["usage_usec"] * 1000, nil
+}
+
 func (g *V2Group) Stats() (*Stats, error) {
 	s := &Stats{}
 	cs, err := readKeyed(g.dir, "cpu.stat")

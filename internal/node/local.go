@@ -188,7 +188,13 @@ func (l *Local) recover(ctx context.Context) error {
 					}
 				}
 			}
+		}
+		// Rewrite the record only when adoption changed it: thousands of
+		// sandboxes make a restart slow enough as it is.
+		if sb.rec.State != rec.State || sb.rec.ImagePinned != rec.ImagePinned {
 			_ = l.persist(sb)
+		} else {
+			sb.publish()
 		}
 		l.sbs[rec.ID] = sb
 		l.log.Info("node: adopted sandbox", "id", rec.ID, "state", sb.rec.State)
@@ -205,8 +211,13 @@ func (l *Local) recover(ctx context.Context) error {
 	return nil
 }
 
-func (l *Local) persist(sb *sandbox) error {
+// publish updates the lock-free view Residents reads. sb.mu held.
+func (sb *sandbox) publish() {
 	sb.resident.Store(&Resident{ID: sb.rec.ID, State: sb.rec.State, CPU: sb.rec.Spec.CPU})
+}
+
+func (l *Local) persist(sb *sandbox) error {
+	sb.publish()
 	b, err := json.Marshal(&sb.rec)
 	if err != nil {
 		return err

@@ -62,7 +62,12 @@ func (s *StatsSampler) SwapAvailable() bool {
 
 // Observe records a cumulative CPU reading of the sandbox.
 func (s *StatsSampler) Observe(id string, cs *cgroups.Stats) {
-	s.cpu.Observe(id, s.now(), cs.CPUUsageNanos)
+	s.ObserveCPU(id, cs.CPUUsageNanos)
+}
+
+// ObserveCPU records a cumulative CPU time reading (nanoseconds).
+func (s *StatsSampler) ObserveCPU(id string, usageNanos uint64) {
+	s.cpu.Observe(id, s.now(), usageNanos)
 }
 
 // CPU returns the sandbox's measured CPU (Samples < 2: not measured yet).

@@ -660,6 +660,22 @@ func (r *NamespaceRuntime) Stats(id string) (*cgroups.Stats, error) {
 	return sb.group.Stats()
 }
 
+// CPUUsage returns the sandbox's cumulative CPU time, reading only that.
+func (r *NamespaceRuntime) CPUUsage(id string) (uint64, error) {
+	sb, err := r.get(id)
+	if err != nil {
+		return 0, err
+	}
+	if u, ok := sb.group.(cgroups.CPUUsager); ok {
+		return u.CPUUsage()
+	}
+	st, err := sb.group.Stats()
+	if err != nil {
+		return 0, err
+	}
+	return st.CPUUsageNanos, nil
+}
+
 // Alive reports whether the sandbox's init still runs.
 func (r *NamespaceRuntime) Alive(id string) bool {
 	sb, err := r.get(id)
