@@ -8,8 +8,15 @@ export GOFLAGS=-mod=mod
 BIN=$PWD/bin/dsec
 status=0
 
-echo "== go vet"
+echo "== gofmt, go vet, staticcheck"
+unformatted=$(gofmt -l $(git ls-files '*.go'))
+if [ -n "$unformatted" ]; then echo "gofmt would change: $unformatted"; exit 1; fi
 go vet ./...
+if ! command -v staticcheck >/dev/null 2>&1; then
+  GOFLAGS= go install honnef.co/go/tools/cmd/staticcheck@v0.8.2
+  export PATH="$(go env GOPATH)/bin:$PATH"
+fi
+staticcheck ./...
 
 echo "== go test (unit, integration, end-to-end, misconduct)"
 go test -count=1 -timeout 15m -p 2 ./... || status=1

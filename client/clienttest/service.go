@@ -36,7 +36,6 @@ type sandbox struct {
 	sb    node.Sandbox
 	root  string
 	execs map[string]*execState
-	order []string
 }
 
 type execState struct {

@@ -501,7 +501,7 @@ func extractOCIArchive(ctx context.Context, path, dir string) error {
 			if err := os.MkdirAll(full, 0o700); err != nil {
 				return err
 			}
-		case tar.TypeReg, tar.TypeRegA:
+		case tar.TypeReg:
 			if err := os.MkdirAll(filepath.Dir(full), 0o700); err != nil {
 				return err
 			}

@@ -39,7 +39,6 @@ type tent struct {
 	mode     int64
 	uid, gid int
 	pax      map[string]string
-	size     int64 // overrides len(body) in the header (to forge truncation)
 }
 
 var mtime = time.Date(2023, 5, 6, 7, 8, 9, 0, time.UTC)

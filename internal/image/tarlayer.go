@@ -88,7 +88,7 @@ func (b *builder) addTarEntry(tr *tar.Reader, hdr *tar.Header, oci bool, what st
 		Xattrs:  tarXattrs(hdr),
 	}
 	switch hdr.Typeflag {
-	case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse:
+	case tar.TypeReg, tar.TypeGNUSparse:
 		if p == "" {
 			return fmt.Errorf("%s: entry %q: the layer root is not a regular file: %w", what, hdr.Name, errdefs.ErrInvalidArgument)
 		}

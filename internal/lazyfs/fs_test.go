@@ -60,7 +60,7 @@ func makeTree(t *testing.T) string {
 	must(os.Symlink("/nonexistent/abs", filepath.Join(src, "abslink")))
 	must(os.Link(filepath.Join(src, "small.txt"), filepath.Join(src, "dir/hard1")))
 	must(os.Link(filepath.Join(src, "small.txt"), filepath.Join(src, "hard2")))
-	must(unix.Mknod(filepath.Join(src, "whiteout"), unix.S_IFCHR|0, 0))
+	must(unix.Mknod(filepath.Join(src, "whiteout"), unix.S_IFCHR, 0))
 	must(unix.Mknod(filepath.Join(src, "null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
 	must(unix.Mknod(filepath.Join(src, "loop9"), unix.S_IFBLK|0o660, int(unix.Mkdev(7, 9))))
 	must(unix.Mkfifo(filepath.Join(src, "fifo"), 0o600))

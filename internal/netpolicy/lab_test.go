@@ -490,12 +490,3 @@ func labLeaks() []string {
 }
 
 var labLinkName = regexp.MustCompile(`^d[tq][0-9a-f]{4,}`)
-
-func mustNFT(t testing.TB) *nftables.Conn {
-	t.Helper()
-	c, err := nftables.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}

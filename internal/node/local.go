@@ -259,12 +259,6 @@ func (l *Local) get(id string) (*sandbox, error) {
 	return sb, nil
 }
 
-func (l *Local) touch(sb *sandbox) {
-	sb.mu.Lock()
-	sb.rec.LastActivity = time.Now()
-	sb.mu.Unlock()
-}
-
 // resources turns a spec into cgroup settings. The QoS class sets the CPU
 // weight (and cpu.idle for batch) through reclaim.ApplyClass, the one
 // mapping of classes; the CPU request scales the weight, so two standard

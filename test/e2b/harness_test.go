@@ -60,7 +60,6 @@ type server struct {
 	sock    string // native API, unix://
 	e2bURL  string // http://127.0.0.1:PORT
 	cmd     *exec.Cmd
-	log     *bytes.Buffer
 	done    chan struct{}
 }
 

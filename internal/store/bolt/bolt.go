@@ -11,6 +11,7 @@ import (
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/dsec-dev/dsec/internal/errdefs"
 	"github.com/dsec-dev/dsec/internal/store"
@@ -54,7 +55,7 @@ func Open(path string, opts ...Opt) (*Store, error) {
 	}
 	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: cfg.lockTimeout, NoSync: cfg.noSync})
 	if err != nil {
-		if errors.Is(err, bbolt.ErrTimeout) {
+		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, fmt.Errorf("store: %s is locked by another process: %w", path, errdefs.ErrUnavailable)
 		}
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
