@@ -4,7 +4,7 @@ export PATH := $(dir $(GO)):$(PATH)
 BIN     := bin/dsec
 export GOFLAGS := -mod=mod
 
-.PHONY: all build deps demo test lint clean
+.PHONY: all build deps demo test lint clean bench
 
 all: build
 
@@ -30,3 +30,7 @@ lint:
 
 clean:
 	rm -rf bin
+
+# bench prints dsec's benchmarks beside the raw C reference (see docs/perf.md).
+bench: build
+	./scripts/bench.sh
