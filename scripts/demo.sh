@@ -59,13 +59,13 @@ echo "== what the node holds"
 "$BIN" sandbox ls --label job=demo --json | python3 -c '
 import json, sys
 sbs = json.load(sys.stdin)
-print(f"sandboxes running: {sum(1 for s in sbs if s[\"state\"] == \"running\")}")'
+print("sandboxes running: %d" % sum(1 for s in sbs if s["state"] == "running"))'
 "$BIN" node ls --json | python3 -c '
 import json, sys
 for n in json.load(sys.stdin):
-    print(f"CPU requested: {n[\"cpu_requested\"]:.1f} cores, used: {n[\"cpu_used\"]:.3f} cores")
-    print(f"memory held by sandboxes: {n[\"memory_held_bytes\"]/2**20:.1f} MiB (reclaimable {n[\"memory_reclaimable_bytes\"]/2**20:.1f} MiB)")
-    print(f"host MemAvailable: {n[\"mem_available_bytes\"]/2**30:.2f} GiB of {n[\"memory_bytes\"]/2**30:.2f} GiB")'
+    print("CPU requested: %.1f cores, used: %.3f cores" % (n["cpu_requested"], n["cpu_used"]))
+    print("memory held by sandboxes: %.1f MiB (reclaimable %.1f MiB)" % (n["memory_held_bytes"] / 2**20, n["memory_reclaimable_bytes"] / 2**20))
+    print("host MemAvailable: %.2f GiB of %.2f GiB" % (n["mem_available_bytes"] / 2**30, n["memory_bytes"] / 2**30))'
 echo "== deleting them"
-xargs -n 20 "$BIN" sandbox rm <"$work/ids"
+xargs -n 20 "$BIN" sandbox rm <"$work/ids" >/dev/null
 echo "demo done"
