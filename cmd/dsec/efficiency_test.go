@@ -210,3 +210,41 @@ func TestAdmissionPendingToMeasured(t *testing.T) {
 		t.Fatalf("measured at ~0.2 cores: cpu fits %d, want 3", n)
 	}
 }
+
+// With enough measured sandboxes, one not measured yet (and a newcomer)
+// is expected to use what they use on average, not its whole request.
+func TestAdmissionExpectsMeasuredAverage(t *testing.T) {
+	ctx := context.Background()
+	a := testAdmission(t, 8192, 8192, 2, 2) // cpu capacity 4; policy fraction 1
+	res := fakeResidents{{ID: "new", State: node.StateRunning, CPU: 1}}
+	for i := 0; i < minMeasuredForAverage; i++ {
+		res = append(res, node.Resident{ID: fmt.Sprintf("m%d", i), State: node.StateRunning, CPU: 1})
+	}
+	a.agent = &res
+	cpuFits := func() int {
+		t.Helper()
+		c, err := a.Capacity(ctx, node.SandboxSpec{CPU: 1, MemoryBytes: 64 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Detail[scheduler.ResourceCPU]
+	}
+	// Nothing measured: every request counts whole (4 - 6 < 0).
+	if n := cpuFits(); n != 0 {
+		t.Fatalf("unmeasured: cpu fits %d, want 0", n)
+	}
+	// The five measured at ~0.02 cores each.
+	for step := uint64(0); step < 2; step++ {
+		for i := 0; i < minMeasuredForAverage; i++ {
+			a.stats.ObserveCPU(fmt.Sprintf("m%d", i), step*22e6)
+		}
+		if step == 0 {
+			time.Sleep(1100 * time.Millisecond)
+		}
+	}
+	// 5 x 0.02 measured + 0.02 expected for "new" leaves ~3.88 cores for
+	// newcomers expected at 0.02 each.
+	if n := cpuFits(); n < 150 || n > 200 {
+		t.Fatalf("measured average ~0.02: cpu fits %d, want about 190", n)
+	}
+}

@@ -66,7 +66,9 @@ func cgroupFile(t *testing.T, ctrl, group, file string) string {
 // cannot fit is refused naming the short resource; an unmeasured
 // newcomer's CPU request counts only until its use is measured.
 func TestAdmissionByMeasuredUse(t *testing.T) {
-	s := startServer(t, "--cpu-overcommit", "3")
+	// A newcomer counts with its whole request until measured (the default
+	// is a fraction of it), to make the arithmetic below exact.
+	s := startServer(t, "--cpu-overcommit", "3", "--expected-cpu-fraction", "1")
 	s.importTestImage("busybox:1")
 	mem := readMeminfo(t)
 
