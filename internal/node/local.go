@@ -530,6 +530,13 @@ func (l *Local) destroy(ctx context.Context, sb *sandbox) error {
 	if err := l.deps.Runtime.Destroy(ctx, id); err != nil {
 		errs = append(errs, err)
 	}
+	if r, ok := l.deps.Runtime.(runtimeReaper); ok && sb.rec.Runtime.Cgroup != "" && !l.deps.Runtime.Alive(id) {
+		// A sandbox that died while no server ran is unknown to this
+		// runtime: remove what it left (cgroup, directory) from its record.
+		if err := r.Reap(ctx, sb.rec.Runtime); err != nil && !errdefs.IsFailedPrecondition(err) {
+			errs = append(errs, err)
+		}
+	}
 	for _, r := range sb.releases {
 		r()
 	}
@@ -714,6 +721,12 @@ func (l *Local) untag(ctx context.Context, ref string) {
 	if err := r.Remove(ctx, ref); err != nil && !errdefs.IsNotFound(err) {
 		l.log.Warn("node: removing a fork's hidden image tag", "image", ref, "err", err)
 	}
+}
+
+// runtimeReaper is a runtime that can clean up after a sandbox it did not
+// start and whose processes are gone.
+type runtimeReaper interface {
+	Reap(ctx context.Context, st runtime.State) error
 }
 
 // forkGroupTTL is how long the commit of one fork request is reused.

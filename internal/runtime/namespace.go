@@ -580,6 +580,39 @@ func (r *NamespaceRuntime) Destroy(ctx context.Context, id string) error {
 	return nil
 }
 
+// Reap removes what a sandbox whose init is gone left behind (its cgroup,
+// with any process still in it, and its directory), from the State an
+// earlier server persisted. A sandbox this runtime still runs is refused.
+func (r *NamespaceRuntime) Reap(ctx context.Context, st State) error {
+	if err := validateID(st.ID); err != nil {
+		return err
+	}
+	if _, err := r.get(st.ID); err == nil {
+		return fmt.Errorf("sandbox %s is running; destroy it instead: %w", st.ID, errdefs.ErrFailedPrecondition)
+	}
+	if !filepath.IsAbs(st.Dir) || st.Cgroup == "" {
+		return fmt.Errorf("sandbox %s: incomplete state: %w", st.ID, errdefs.ErrInvalidArgument)
+	}
+	if g, err := r.cg.Load(ctx, st.Cgroup); err == nil {
+		// A frozen group must thaw for its processes to die.
+		_ = g.Thaw(ctx)
+		if procs, err := g.Procs(); err != nil || len(procs) > 0 {
+			if err := g.Kill(ctx); err != nil {
+				return fmt.Errorf("kill cgroup: %w", err)
+			}
+		}
+		if err := g.Delete(ctx); err != nil {
+			return fmt.Errorf("delete cgroup: %w", err)
+		}
+	} else if !errdefs.IsNotFound(err) {
+		return err
+	}
+	if err := rootfs.Remove(st.Dir); err != nil {
+		return fmt.Errorf("remove sandbox dir: %w", err)
+	}
+	return nil
+}
+
 // Adopt takes over a sandbox from a State persisted by an earlier server.
 func (r *NamespaceRuntime) Adopt(ctx context.Context, st State) error {
 	if err := validateID(st.ID); err != nil {

@@ -219,4 +219,10 @@ func TestServerKilledAndRestartedAdoptsSandboxes(t *testing.T) {
 	if err := c.DeleteSandbox(ctx, dead.ID); err != nil {
 		t.Fatalf("deleting a dead sandbox: %v", err)
 	}
+	if left := sandboxCgroupsLeft(t, dead.ID); len(left) > 0 {
+		t.Fatalf("deleting a dead sandbox left its cgroups: %v", left)
+	}
+	if _, err := os.Stat(dead.Runtime.Dir); !os.IsNotExist(err) {
+		t.Fatalf("deleting a dead sandbox left its directory %s: %v", dead.Runtime.Dir, err)
+	}
 }
