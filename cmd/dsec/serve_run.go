@@ -220,6 +220,12 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 		} else if err := waitUnmounted(qctx, filepath.Join(o.dataDir, "layers"), 30*time.Second); err != nil {
 			log.Warn("layer daemon stopping", "err", err)
 		}
+		// And the empty parent cgroups: a stopped server leaves nothing.
+		for _, name := range []string{"dsec/sandboxes", "dsec"} {
+			if g, err := cg.Load(qctx, name); err == nil {
+				_ = g.Delete(qctx)
+			}
+		}
 		qcancel()
 	}
 	log.Info("dsec stopped")

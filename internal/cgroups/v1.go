@@ -91,8 +91,10 @@ func (m *V1Manager) New(ctx context.Context, name string, r Resources) (Group, e
 	for _, root := range m.dirs {
 		dir := filepath.Join(root, name)
 		err := m.opts.mkdir(dir)
-		if errors.Is(err, syscall.ENOENT) {
-			// Parents are created once and then shared; they stay.
+		// Parents are created on demand and shared. A server that stops
+		// with no sandbox left removes them, maybe just as another creates
+		// one here: then make them again.
+		for try := 0; try < 3 && errors.Is(err, syscall.ENOENT); try++ {
 			if err = os.MkdirAll(filepath.Dir(dir), 0o755); err == nil {
 				err = m.opts.mkdir(dir)
 			}
