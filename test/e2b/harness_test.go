@@ -111,6 +111,7 @@ func startServer(t testing.TB, extra ...string) *server {
 	args := append([]string{"serve", "--data-dir", s.dataDir, "--listen", s.sock,
 		"--e2b-listen", fmt.Sprintf("tcp://127.0.0.1:%d", port)}, extra...)
 	s.cmd = exec.Command(dsecBin, args...)
+	s.cmd.WaitDelay = 5 * time.Second
 	logBuf := &lockedBuffer{}
 	s.cmd.Stdout, s.cmd.Stderr = logBuf, logBuf
 	if err := s.cmd.Start(); err != nil {

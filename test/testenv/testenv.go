@@ -144,6 +144,9 @@ func (s *Server) Start() error {
 		args = append(args, "--listen", "tcp://"+s.TCPAddr)
 	}
 	s.cmd = exec.Command(s.Bin, append(args, s.extra...)...)
+	// A child that inherited the server's output (a stray process of a
+	// broken test) must not make Wait hang after the server has exited.
+	s.cmd.WaitDelay = 5 * time.Second
 	if s.log == nil {
 		s.log = &tailBuffer{max: 1 << 20}
 	}
