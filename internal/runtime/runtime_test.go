@@ -372,6 +372,8 @@ func TestIsolation(t *testing.T) {
 		// not open (there: /dev/null's numbers, harmless if they did).
 		{"mknod'd devices do not open", "mknod /n c 1 3; mknod /dev/n c 1 3; ls -l /n /dev/n | cut -c1; (echo x > /n) 2>/dev/null || echo root-denied; (echo x > /dev/n) 2>/dev/null || echo dev-denied", "c\nc\nroot-denied\ndev-denied\n"},
 		{"loop devices hidden", "cat /sys/block/loop*/loop/backing_file 2>/dev/null | wc -c; ls /sys/devices/virtual/block | wc -l", "0\n0\n"},
+		// Reading hot_add would allocate a zram device on the host.
+		{"zram control hidden", "cat /sys/class/zram-control/hot_add 2>/dev/null | wc -c; ls /sys/class/zram-control | wc -l", "0\n0\n"},
 		{"tmp writable", "echo hi > /tmp/f && cat /tmp/f", "hi\n"},
 		{"dev null", "echo x > /dev/null && head -c 4 /dev/zero | wc -c", "4\n"},
 		{"shm writable", "echo hi > /dev/shm/f && cat /dev/shm/f", "hi\n"},

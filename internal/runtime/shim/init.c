@@ -137,7 +137,10 @@ static const char *masked[] = {
 	"sys/firmware",     "sys/devices/virtual/powercap",
 	// Loop devices (sandbox disks among them) name their backing files
 	// here: the host's data dir and every other sandbox's ID.
-	"sys/devices/virtual/block", NULL,
+	"sys/devices/virtual/block",
+	// Reading hot_add allocates a new zram device on the host: a recursive
+	// grep over /sys would create one per read.
+	"sys/class/zram-control", NULL,
 };
 
 static const char *readonly[] = {
