@@ -73,10 +73,6 @@ func (im *images) ResolveImage(ctx context.Context, ref string) (string, []strin
 		return "", nil, err
 	}
 	ds := img.LayerDigests()
-	if im.layerd != nil {
-		// Tells the daemon which layers make up the image, for its stats.
-		_ = im.layerd.SetImage(ctx, img.Ref, ds)
-	}
 	out := make([]string, len(ds))
 	for i, d := range ds {
 		out[i] = string(d)
@@ -191,6 +187,8 @@ func (im *images) Stats(ctx context.Context, ref string) (*api.ImageStats, error
 	if im.layerd == nil {
 		return out, nil
 	}
+	// The daemon learns which layers make up the image here, where the
+	// figures are read, not on every create.
 	_ = im.layerd.SetImage(ctx, img.Ref, img.LayerDigests())
 	st, err := im.layerd.ImageStats(ctx, img.Ref)
 	if err != nil {
