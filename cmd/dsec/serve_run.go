@@ -161,13 +161,10 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 		return err
 	}
 	defer st.Close()
-	info, err := agent.Info(ctx)
-	if err != nil {
-		return err
-	}
+	nodeName := agent.Name()
 	svc, err := api.NewService(api.Config{
 		DataDir: o.dataDir, DefaultCPU: o.cpu, DefaultMemoryBytes: memory, DefaultDiskBytes: disk,
-	}, st, api.StaticNodes{info.Name: agent}, imgs, log.With("component", "api"))
+	}, st, api.StaticNodes{nodeName: agent}, imgs, log.With("component", "api"))
 	if err != nil {
 		return err
 	}
@@ -197,7 +194,7 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 		servers = append(servers, e2b)
 	}
 	log.Info("dsec serving", "listen", o.listen, "e2b", o.e2bListen, "data_dir", o.dataDir,
-		"cgroup_version", cg.Version(), "layers", o.layers, "node", info.Name)
+		"cgroup_version", cg.Version(), "layers", o.layers, "node", nodeName)
 	errc := make(chan error, len(servers))
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -337,6 +337,9 @@ func (l *Local) applyDefaults(spec *SandboxSpec) error {
 	return nil
 }
 
+// Name is the node's name (Info also measures every sandbox).
+func (l *Local) Name() string { return l.cfg.Name }
+
 // Info implements Agent.
 func (l *Local) Info(ctx context.Context) (*NodeInfo, error) {
 	info := &NodeInfo{Name: l.cfg.Name, CPUs: numCPU(), Features: map[string]string{}}
