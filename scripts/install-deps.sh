@@ -5,6 +5,7 @@ set -euo pipefail
 need=()
 command -v busybox >/dev/null 2>&1 || need+=(busybox-static)
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
+command -v mkfs.btrfs >/dev/null 2>&1 || need+=(btrfs-progs)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v bash >/dev/null 2>&1 || need+=(bash)
 command -v node >/dev/null 2>&1 || need+=(nodejs npm)

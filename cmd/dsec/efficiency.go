@@ -92,7 +92,7 @@ func newEfficiency(ctx context.Context, o *serveOptions, cg cgroups.Manager, log
 		log: log, cg: cg, stats: stats, idleAfter: o.reclaimIdle,
 		features: map[string]string{}, groups: map[string]cgroups.Group{}, lastBusy: map[string]time.Time{},
 	}
-	e.adm = &admission{stats: stats, policy: policy, cpus: float64(numCPU()), dataDir: o.dataDir,
+	e.adm = &admission{stats: stats, policy: policy, cpus: float64(numCPU()), dataDir: o.sandboxesDir,
 		meminfo: "/proc/meminfo", pending: map[string]pendingAdmission{}}
 
 	e.taskSchedIdle = cg.Version() == 1 && !fileExists("/sys/fs/cgroup/cpu/cpu.idle")

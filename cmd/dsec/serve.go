@@ -25,26 +25,30 @@ import (
 
 // serveOptions are the flags of `dsec serve`.
 type serveOptions struct {
-	dataDir     string
-	listen      []string
-	e2bListen   string
-	store       string
-	layers      string
-	cacheSize   string
-	gcGrace     time.Duration
-	nodeName    string
-	configFile  string
-	cpu         float64
-	memory      string
-	disk        string
-	pids        int64
-	swap        string
-	reclaimIdle time.Duration
-	overcommit  float64
-	cpuProfile  string
-	expectedCPU float64
-	memReserve  string
-	logLevel    string
+	dataDir    string
+	listen     []string
+	e2bListen  string
+	store      string
+	layers     string
+	cacheSize  string
+	gcGrace    time.Duration
+	nodeName   string
+	configFile string
+	cpu        float64
+	memory     string
+	disk       string
+	disks      string
+	// sandboxesDir is where sandbox dirs go (set by runServe).
+	sandboxesDir string
+	diskFSSize   string
+	pids         int64
+	swap         string
+	reclaimIdle  time.Duration
+	overcommit   float64
+	cpuProfile   string
+	expectedCPU  float64
+	memReserve   string
+	logLevel     string
 }
 
 // serverConfig is the optional operator config file (JSON).
@@ -83,6 +87,8 @@ the server stops or is killed; started again, it adopts them.`,
 	f.Float64Var(&o.cpu, "default-cpu", 1, "CPU request of a sandbox that names none (cores)")
 	f.StringVar(&o.memory, "default-memory", "512Mi", "memory limit of a sandbox that names none")
 	f.StringVar(&o.disk, "default-disk", "1Gi", "disk limit (private writable layer) of a sandbox that names none")
+	f.StringVar(&o.disks, "disks", "auto", "how sandboxes' private layers are kept and limited: btrfs (a subvolume each with a quota, on DATA-DIR/node/private: a btrfs mount, or an image made and mounted there), loop (an ext4 image and loop device each), or auto (btrfs when the kernel and mkfs.btrfs allow, else loop)")
+	f.StringVar(&o.diskFSSize, "disk-fs-size", "", "size of the node's btrfs image for --disks btrfs when it is made (default the free space of DATA-DIR's file system); sandboxes' limits may add up to more")
 	f.Int64Var(&o.pids, "default-pids", 512, "pids limit of a sandbox that names none")
 	f.StringVar(&o.swap, "swap", "", "compressed swap tier to set up while serving, e.g. zram:4Gi (off by default)")
 	f.DurationVar(&o.reclaimIdle, "reclaim-idle-after", 0, "push cold memory of sandboxes idle this long out (0 = off)")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -71,9 +72,26 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 	if err != nil {
 		return err
 	}
+	subvols, err := openSandboxDisks(ctx, o, log)
+	if err != nil {
+		return err
+	}
+	sandboxesDir := filepath.Join(o.dataDir, "node", "sandboxes")
+	if subvols != nil {
+		sandboxesDir = subvols.Root()
+		// Runs after the agent and runtime are done (defers run last in,
+		// first out): unmounts the node file system if no sandbox is left.
+		defer func() {
+			if err := subvols.Close(); err != nil {
+				log.Warn("closing the sandboxes' file system", "err", err)
+			}
+		}()
+	}
+	o.sandboxesDir = sandboxesDir
 	rt, err := runtime.NewNamespaceRuntime(cg,
 		runtime.WithLogger(log.With("component", "runtime")),
 		runtime.WithDiskPool(pool),
+		runtime.WithSubvolumes(subvols),
 		runtime.WithSeccomp(func(s runtime.Spec) ([]unix.SockFilter, error) {
 			f, err := seccomp.DefaultFilter(seccomp.Options{AllowUserNS: s.AllowUserNS})
 			return f, err
@@ -131,7 +149,7 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 	}
 	defer eff.Close()
 	agent, err := node.NewLocal(ctx, node.Config{
-		Name: o.nodeName, DataDir: filepath.Join(o.dataDir, "node"),
+		Name: o.nodeName, DataDir: filepath.Join(o.dataDir, "node"), SandboxesDir: sandboxesDir,
 		DefaultCPU: o.cpu, DefaultMemoryBytes: memory, DefaultPids: o.pids, DefaultDiskBytes: disk,
 		DefaultEnv:    []string{"HOME=/root", "TERM=xterm"},
 		TaskSchedIdle: eff.taskSchedIdle, Features: eff.features,
@@ -218,13 +236,50 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 			log.Warn("layer daemon stopping", "err", err)
 		}
 		// And the empty parent cgroups: a stopped server leaves nothing.
+		// Another server on this host (another data dir) may still have
+		// sandboxes below them: then rmdir stays EBUSY, so try briefly
+		// rather than waiting out qctx.
 		for _, name := range []string{"dsec/sandboxes", "dsec"} {
-			if g, err := cg.Load(qctx, name); err == nil {
-				_ = g.Delete(qctx)
+			dctx, dcancel := context.WithTimeout(qctx, 200*time.Millisecond)
+			if g, err := cg.Load(dctx, name); err == nil {
+				_ = g.Delete(dctx)
 			}
+			dcancel()
 		}
 		qcancel()
 	}
 	log.Info("dsec stopped")
 	return first
+}
+
+// openSandboxDisks opens the node's btrfs file system for sandboxes'
+// private layers per --disks; nil means per-sandbox loop images.
+func openSandboxDisks(ctx context.Context, o *serveOptions, log *slog.Logger) (*rootfs.Subvolumes, error) {
+	var size int64
+	if o.diskFSSize != "" {
+		n, err := parseSize(o.diskFSSize)
+		if err != nil {
+			return nil, usagef("--disk-fs-size: %v", err)
+		}
+		size = n
+	}
+	switch o.disks {
+	case "loop":
+		return nil, nil
+	case "btrfs", "auto":
+	default:
+		return nil, usagef("--disks %q: want auto, btrfs or loop", o.disks)
+	}
+	nodeDir := filepath.Join(o.dataDir, "node")
+	sv, err := rootfs.OpenSubvolumes(ctx, filepath.Join(nodeDir, "private"), rootfs.SubvolumeOptions{
+		Image: filepath.Join(nodeDir, "private.img"), Size: size, Logger: log.With("component", "disks"),
+	})
+	if err != nil {
+		if o.disks == "auto" {
+			log.Warn("btrfs subvolumes unavailable, sandbox disk limits use a loop device each (slower creates)", "err", err)
+			return nil, nil
+		}
+		return nil, fmt.Errorf("--disks btrfs: %w", err)
+	}
+	return sv, nil
 }

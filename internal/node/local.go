@@ -20,6 +20,7 @@ import (
 	"github.com/dsec-dev/dsec/internal/cgroups"
 	"github.com/dsec-dev/dsec/internal/errdefs"
 	"github.com/dsec-dev/dsec/internal/reclaim"
+	"github.com/dsec-dev/dsec/internal/rootfs"
 	"github.com/dsec-dev/dsec/internal/runtime"
 )
 
@@ -27,6 +28,9 @@ import (
 type Config struct {
 	Name    string
 	DataDir string // the agent keeps sandboxes/ and meta/ below it
+	// SandboxesDir holds the sandbox dirs instead of DataDir/sandboxes
+	// (e.g. the root of the node's btrfs subvolumes).
+	SandboxesDir string
 
 	DefaultCPU         float64
 	DefaultMemoryBytes int64
@@ -139,8 +143,13 @@ func NewLocal(ctx context.Context, cfg Config, deps Deps, log *slog.Logger) (*Lo
 	return l, nil
 }
 
-func (l *Local) metaDir() string      { return filepath.Join(l.cfg.DataDir, "meta") }
-func (l *Local) sandboxesDir() string { return filepath.Join(l.cfg.DataDir, "sandboxes") }
+func (l *Local) metaDir() string { return filepath.Join(l.cfg.DataDir, "meta") }
+func (l *Local) sandboxesDir() string {
+	if l.cfg.SandboxesDir != "" {
+		return l.cfg.SandboxesDir
+	}
+	return filepath.Join(l.cfg.DataDir, "sandboxes")
+}
 func (l *Local) metaPath(id string) string {
 	return filepath.Join(l.metaDir(), id+".json")
 }
@@ -809,8 +818,12 @@ func (l *Local) stats(id, state string, spec SandboxSpec, withDisk bool) (*Sandb
 	if !withDisk {
 		return out, nil
 	}
-	if dir, err := l.deps.Runtime.UpperDir(id); err == nil {
-		out.DiskUsedBytes = DiskUsage(dir)
+	if du, ok := l.deps.Runtime.(diskUsager); ok {
+		if n, err := du.DiskUsage(id); err == nil {
+			out.DiskUsedBytes = n
+		}
+	} else if dir, err := l.deps.Runtime.UpperDir(id); err == nil {
+		out.DiskUsedBytes = rootfs.TreeUsage(dir)
 	}
 	return out, nil
 }

@@ -2,13 +2,9 @@ package node
 
 import (
 	"fmt"
-	"io/fs"
-	"path/filepath"
 	goruntime "runtime"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/dsec-dev/dsec/internal/cgroups"
 	"github.com/dsec-dev/dsec/internal/reclaim"
@@ -111,18 +107,8 @@ func FillMemory(cs *cgroups.Stats, swapAvailable bool, out *SandboxStats) {
 
 func numCPU() int { return goruntime.NumCPU() }
 
-// DiskUsage sums the allocated bytes below dir (the sandbox's private layer).
-func DiskUsage(dir string) int64 {
-	var total int64
-	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		var st unix.Stat_t
-		if unix.Lstat(p, &st) == nil {
-			total += st.Blocks * 512
-		}
-		return nil
-	})
-	return total
+// diskUsager is a runtime that measures a sandbox's private layer itself
+// (cheaper than walking it, e.g. from a quota).
+type diskUsager interface {
+	DiskUsage(id string) (int64, error)
 }

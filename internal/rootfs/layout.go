@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,10 +16,11 @@ import (
 
 // Names inside a sandbox directory.
 const (
-	UpperName = "upper"
-	WorkName  = "work"
-	DiskImage = "disk.img" // sparse ext4 image, when limited
-	DiskMount = "disk"     // its mount point (inside the sandbox only)
+	UpperName   = "upper"
+	WorkName    = "work"
+	PrivateName = "private"  // the subvolume holding upper and work
+	DiskImage   = "disk.img" // sparse ext4 image, when limited
+	DiskMount   = "disk"     // its mount point (inside the sandbox only)
 )
 
 // Overlay is an overlayfs mount described as data.
@@ -69,10 +71,20 @@ func ValidateLower(lower []string) error {
 	return nil
 }
 
-// Prepare creates dir (which must not exist) with a mount point and either
-// upper/work dirs or, if diskBytes > 0, a disk image from pool attached to a
-// loop device. On error nothing is left behind.
-func Prepare(ctx context.Context, dir string, lower []string, diskBytes int64, pool *DiskPool) (_ *Layout, err error) {
+// Disks are the ways a sandbox's private layer can be bounded. With
+// Subvolumes every sandbox dir is a subvolume below its root (limited by a
+// quota when diskBytes > 0); otherwise a disk limit takes an image from
+// Pool, and no limit means plain directories.
+type Disks struct {
+	Subvolumes *Subvolumes
+	Pool       *DiskPool
+}
+
+// Prepare creates dir (which must not exist) with upper/work dirs, in a
+// subvolume of disks.Subvolumes if set, or, if diskBytes > 0, a disk image
+// from disks.Pool attached to a loop device. On error nothing is left
+// behind.
+func Prepare(ctx context.Context, dir string, lower []string, diskBytes int64, disks Disks) (_ *Layout, err error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("sandbox dir %q is not absolute: %w", dir, errdefs.ErrInvalidArgument)
 	}
@@ -96,10 +108,25 @@ func Prepare(ctx context.Context, dir string, lower []string, diskBytes int64, p
 	}
 	defer func() {
 		if err != nil {
-			_ = os.RemoveAll(dir)
+			_ = Remove(dir)
 		}
 	}()
 	l := &Layout{Dir: dir, Root: dir, Overlay: Overlay{Lower: lower}}
+	if sv := disks.Subvolumes; sv != nil {
+		private := filepath.Join(dir, PrivateName)
+		if err := sv.Create(private, diskBytes); err != nil {
+			return nil, err
+		}
+		l.Overlay.Upper = filepath.Join(private, UpperName)
+		l.Overlay.Work = filepath.Join(private, WorkName)
+		if err := os.Mkdir(l.Overlay.Upper, 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.Mkdir(l.Overlay.Work, 0o700); err != nil {
+			return nil, err
+		}
+		return l, nil
+	}
 	if diskBytes == 0 {
 		l.Overlay.Upper = filepath.Join(dir, UpperName)
 		l.Overlay.Work = filepath.Join(dir, WorkName)
@@ -111,6 +138,7 @@ func Prepare(ctx context.Context, dir string, lower []string, diskBytes int64, p
 		}
 		return l, nil
 	}
+	pool := disks.Pool
 	if pool == nil {
 		return nil, fmt.Errorf("disk limit requested but no disk pool configured: %w", errdefs.ErrFailedPrecondition)
 	}
@@ -146,10 +174,16 @@ var fastRemove = []string{volatileDirty, WorkName + "/work/incompat/volatile", W
 
 // Remove deletes a sandbox directory. Mounts inside it exist only in the
 // sandbox's mount namespace, so once its processes are gone this is a plain
-// recursive delete. A missing dir is not an error.
+// recursive delete, or one ioctl for a subvolume. A missing dir is not an
+// error.
 func Remove(dir string) error {
 	if dir == "" || !filepath.IsAbs(dir) {
 		return fmt.Errorf("refusing to remove %q: %w", dir, errdefs.ErrInvalidArgument)
+	}
+	if private := filepath.Join(dir, PrivateName); isSubvolume(private) {
+		if err := destroySubvolume(private); err != nil {
+			return err
+		}
 	}
 	// Fast path for the usual layout (metadata operations are the cost of
 	// a teardown on a slow disk): one syscall per entry, no directory reads.
@@ -164,4 +198,20 @@ func Remove(dir string) error {
 		}
 	}
 	return os.RemoveAll(dir)
+}
+
+// TreeUsage sums the allocated bytes of everything below dir.
+func TreeUsage(dir string) int64 {
+	var total int64
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) == nil {
+			total += st.Blocks * 512
+		}
+		return nil
+	})
+	return total
 }

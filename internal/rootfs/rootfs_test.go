@@ -46,7 +46,7 @@ func isExt4(t *testing.T, img string) {
 func TestPrepareWithoutDisk(t *testing.T) {
 	lower := t.TempDir()
 	dir := filepath.Join(t.TempDir(), "sb")
-	l, err := rootfs.Prepare(context.Background(), dir, []string{lower}, 0, nil)
+	l, err := rootfs.Prepare(context.Background(), dir, []string{lower}, 0, rootfs.Disks{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestPrepareWithoutDisk(t *testing.T) {
 			t.Fatalf("%s: %v", p, err)
 		}
 	}
-	if _, err := rootfs.Prepare(context.Background(), dir, []string{lower}, 0, nil); !errdefs.IsAlreadyExists(err) {
+	if _, err := rootfs.Prepare(context.Background(), dir, []string{lower}, 0, rootfs.Disks{}); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("second prepare: %v", err)
 	}
 	// What a sandbox leaves: files in upper, overlay's volatile marker.
@@ -100,7 +100,7 @@ func TestPrepareInvalid(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := rootfs.Prepare(context.Background(), tc.dir, tc.lower, tc.disk, nil)
+			_, err := rootfs.Prepare(context.Background(), tc.dir, tc.lower, tc.disk, rootfs.Disks{})
 			if !errors.Is(err, tc.class) {
 				t.Fatalf("got %v want %v", err, tc.class)
 			}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dsec-dev/dsec/internal/cgroups"
 	"github.com/dsec-dev/dsec/internal/errdefs"
 	"github.com/dsec-dev/dsec/internal/rootfs"
@@ -237,5 +239,72 @@ func TestCreateInvalid(t *testing.T) {
 		if len(groups) != 1 || groups[0] != "dup" {
 			t.Fatalf("groups under %s: %v", filepath.Dir(p), groups)
 		}
+	}
+}
+
+// newSubvolumes mounts a fresh node btrfs image for one test and removes it
+// (and the temp dir) afterwards.
+func newSubvolumes(t *testing.T) *rootfs.Subvolumes {
+	t.Helper()
+	testutil.RequiresRoot(t)
+	fss, _ := os.ReadFile("/proc/filesystems")
+	testutil.RequiresFeature(t, "btrfs", strings.Contains(string(fss), "\tbtrfs\n"))
+	base, err := os.MkdirTemp("/var/tmp", "dsec-rt-subvol-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(base, "private")
+	sv, err := rootfs.OpenSubvolumes(context.Background(), root, rootfs.SubvolumeOptions{Image: filepath.Join(base, "private.img"), Size: 1 << 30})
+	if err != nil {
+		os.RemoveAll(base)
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sv.Close(); err != nil {
+			t.Error(err)
+		}
+		_ = unix.Unmount(root, unix.MNT_DETACH)
+		os.RemoveAll(base)
+	})
+	return sv
+}
+
+// With subvolumes, a disk limit is a quota: the sandbox gets EDQUOT at its
+// limit, neighbours are unaffected, usage is read from the quota, and a
+// teardown leaves no subvolume.
+func TestDiskLimitSubvolume(t *testing.T) {
+	sv := newSubvolumes(t)
+	e := newEnv(t, runtime.WithSubvolumes(sv))
+	e.base = sv.Root()
+	const size = 32 << 20
+	st := e.create("disk1", func(s *runtime.Spec) { s.DiskBytes = size })
+	e.create("disk2", func(s *runtime.Spec) { s.DiskBytes = size })
+	e.create("nodisk")
+	e.mustSh("disk1", "echo hello")
+	r := e.sh("disk1", "dd if=/dev/zero of=/big bs=1M count=64 2>&1; sync")
+	if !strings.Contains(r.stdout, "Disk quota exceeded") {
+		t.Fatalf("writing 64 MiB under a 32 MiB limit: want EDQUOT, got %+v %q", r.ExecResult, r.stdout)
+	}
+	used, err := e.rt.DiskUsage("disk1")
+	if err != nil || used < size/2 || used > size+(1<<20) {
+		t.Fatalf("disk usage %d (%v) for a full %d limit", used, err, size)
+	}
+	e.mustSh("disk2", "dd if=/dev/zero of=/f bs=1M count=16 2>/dev/null && sync && test $(wc -c < /f) = 16777216")
+	e.mustSh("nodisk", "dd if=/dev/zero of=/f bs=1M count=40 2>/dev/null && test $(wc -c < /f) = 41943040")
+	e.mustSh("disk1", "rm /big && echo ok > /small && cat /small")
+	upper, err := e.rt.UpperDir("disk1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(upper, "small")); err != nil || string(b) != "ok\n" {
+		t.Fatalf("upper: %q %v", b, err)
+	}
+	paths := e.groupPaths(st)
+	if err := e.rt.Destroy(context.Background(), "disk1"); err != nil {
+		t.Fatal(err)
+	}
+	e.assertGone(st, paths)
+	if _, err := os.Stat(st.Dir); !os.IsNotExist(err) {
+		t.Fatalf("subvolume of a destroyed sandbox: %v", err)
 	}
 }

@@ -87,6 +87,13 @@ func WithDiskPool(p *rootfs.DiskPool) Option {
 	return func(r *NamespaceRuntime) error { r.disks = p; return nil }
 }
 
+// WithSubvolumes puts every sandbox's private layer in a btrfs subvolume
+// of sv (sandbox dirs must then be below sv.Root()); a disk limit is the
+// subvolume's quota. It takes precedence over WithDiskPool.
+func WithSubvolumes(sv *rootfs.Subvolumes) Option {
+	return func(r *NamespaceRuntime) error { r.subvols = sv; return nil }
+}
+
 // WithOutputCap sets the default per-stream output cap of execs.
 func WithOutputCap(n int64) Option {
 	return func(r *NamespaceRuntime) error {
@@ -111,6 +118,7 @@ type NamespaceRuntime struct {
 	shmSize      int64
 	outputCap    int64
 	disks        *rootfs.DiskPool
+	subvols      *rootfs.Subvolumes
 	null         *os.File
 
 	mu       sync.Mutex
@@ -245,7 +253,7 @@ func (r *NamespaceRuntime) Create(ctx context.Context, spec Spec) (_ *State, err
 	if err := validateSpec(&spec); err != nil {
 		return nil, err
 	}
-	if spec.DiskBytes > 0 && r.disks == nil {
+	if spec.DiskBytes > 0 && r.disks == nil && r.subvols == nil {
 		return nil, fmt.Errorf("disk limit requested but the runtime has no disk pool: %w", errdefs.ErrFailedPrecondition)
 	}
 	filter, err := r.filterFor(spec)
@@ -276,7 +284,7 @@ func (r *NamespaceRuntime) Create(ctx context.Context, spec Spec) (_ *State, err
 		r.mu.Unlock()
 	}()
 
-	layout, err = rootfs.Prepare(ctx, spec.Dir, spec.Lower, spec.DiskBytes, r.disks)
+	layout, err = rootfs.Prepare(ctx, spec.Dir, spec.Lower, spec.DiskBytes, rootfs.Disks{Subvolumes: r.subvols, Pool: r.disks})
 	if err != nil {
 		return nil, err
 	}
@@ -682,6 +690,22 @@ func (r *NamespaceRuntime) UpperDir(id string) (string, error) {
 		return "", err
 	}
 	return sb.upper, nil
+}
+
+// DiskUsage is the space the sandbox's private layer holds: its subvolume's
+// quota count when it has one, else the allocated size of its upper dir's
+// files (a walk).
+func (r *NamespaceRuntime) DiskUsage(id string) (int64, error) {
+	sb, err := r.get(id)
+	if err != nil {
+		return 0, err
+	}
+	if r.subvols != nil {
+		if n, err := r.subvols.Usage(filepath.Join(sb.dir, rootfs.PrivateName)); err == nil {
+			return n, nil
+		}
+	}
+	return rootfs.TreeUsage(sb.upper), nil
 }
 
 // Stats are the sandbox cgroup's.
