@@ -7,7 +7,12 @@
 // of every file. The whole tree (the layer index, already in overlayfs form:
 // 0/0 char devices are whiteouts, trusted.overlay.opaque marks opaque dirs)
 // is built in memory at mount time; the kernel may cache entries, attributes
-// and negative lookups for a long time because a layer never changes.
+// and negative lookups for a long time because a layer never changes, and
+// keeps directory listings and symlink targets in its page cache.
+// Directories are opened without a round trip (OPENDIR answered ENOSYS,
+// see rawLayer) and files are closed without FLUSH, so a repeated walk of
+// a tree (find, ls -lR, an import scanning sys.path) never reaches the
+// daemon.
 //
 // File data is fetched on first read, chunk by chunk, into a ChunkCache: a
 // bounded on-disk LRU of verified chunks shared by all layers of the node.

@@ -118,6 +118,10 @@ type layerFS struct {
 	// ENOSYS, after which the kernel stops asking for the whole mount
 	// (FUSE caches no xattrs, and `ls -l` asks two per file).
 	noXattrs bool
+	// nodes[ino] is the node with that inode number, which is also its
+	// FUSE node ID (rawLayer lists directories by node ID). Written once
+	// by the root's OnAdd, before the mount serves requests.
+	nodes []*node
 }
 
 func hasXattrs(idx *image.Index) bool {
@@ -141,6 +145,9 @@ func (l *layerFS) root() *node {
 	}
 	return root
 }
+
+// inoOf is the inode number of the node of entry i; the root's is 1.
+func inoOf(i int) uint64 { return uint64(i) + 2 }
 
 // node is one inode. Hardlinked paths share one node.
 type node struct {
@@ -190,6 +197,8 @@ func (n *node) OnAdd(ctx context.Context) {
 	inodes := make(map[string]*fs.Inode, len(entries))
 	nodes[""], inodes[""] = n, &n.Inode
 	n.nlink = 2
+	n.l.nodes = make([]*node, inoOf(len(entries)))
+	n.l.nodes[n.ino] = n
 	for i := range entries {
 		e := &entries[i]
 		if e.Path == "" {
@@ -204,7 +213,8 @@ func (n *node) OnAdd(ctx context.Context) {
 			parent.AddChild(name, inodes[e.Linkname], false)
 			continue
 		}
-		child := &node{l: n.l, e: e, ino: uint64(i) + 2, nlink: 1}
+		child := &node{l: n.l, e: e, ino: inoOf(i), nlink: 1}
+		n.l.nodes[child.ino] = child
 		if e.Type == image.TypeDir {
 			child.nlink = 2
 			nodes[dir].nlink++
@@ -332,9 +342,9 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	return []byte(n.e.Linkname), 0
 }
 
-// OpendirHandle lets the kernel cache the listing (FOPEN_CACHE_DIR): a
-// layer's directories never change, so each is listed by the daemon once.
-func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+// listing returns the directory's entries, sorted by name, entry i at
+// offset i+1. Built on first use and shared: it never changes.
+func (n *node) listing() []fuse.DirEntry {
 	n.dirOnce.Do(func() {
 		kids := n.Children()
 		names := make([]string, 0, len(kids))
@@ -348,7 +358,15 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 			n.dirents[i] = fuse.DirEntry{Name: name, Mode: in.Mode(), Ino: in.StableAttr().Ino, Off: uint64(i) + 1}
 		}
 	})
-	return &dirHandle{ents: n.dirents}, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, 0
+	return n.dirents
+}
+
+// OpendirHandle lets the kernel cache the listing (FOPEN_CACHE_DIR): a
+// layer's directories never change, so each is listed by the daemon once.
+// Only used on kernels that cannot open directories without OPENDIR (see
+// rawLayer).
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return &dirHandle{ents: n.listing()}, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, 0
 }
 
 // dirHandle lists a directory from the shared, immutable entry slice.
@@ -375,6 +393,10 @@ func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	d.pos = int(min(off, uint64(len(d.ents))))
 	return 0
 }
+
+// openFlags: keep the page cache across opens (the file never changes),
+// and no FLUSH round trip on every close(2): nothing is ever written.
+const openFlags = fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH
 
 // Open picks the file's I/O mode on its first open in this mount and keeps
 // it, because the kernel refuses to mix cached and passthrough opens of one
@@ -409,7 +431,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		}
 		n.ptOpens++
 		n.l.rec.record(n.e.Path)
-		return &ptHandle{n: n, b: n.backing}, fuse.FOPEN_KEEP_CACHE, 0
+		return &ptHandle{n: n, b: n.backing}, openFlags, 0
 	}
 	return n.openCached()
 }
@@ -417,7 +439,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 // must hold n.mu
 func (n *node) openCached() (fs.FileHandle, uint32, syscall.Errno) {
 	n.cachedOpens++
-	return &cachedHandle{n: n}, fuse.FOPEN_KEEP_CACHE, 0
+	return &cachedHandle{n: n}, openFlags, 0
 }
 
 // readAt serves a read through the daemon: chunks from the cache (fetching

@@ -7,11 +7,13 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -442,5 +444,149 @@ func TestNoXattrLayerShortCircuits(t *testing.T) {
 				t.Fatalf("getxattr %v, listxattr %v: want ENOSYS", errno, lerrno)
 			}
 		})
+	}
+}
+
+// walkTree lists every directory under root (in chunks of 7 entries, so
+// the kernel resumes listings at offsets), looks up a missing name in each,
+// lstats every entry and reads every symlink. It returns one line per entry, relative to root: path,
+// mode, size (not of directories) and symlink target.
+func walkTree(t *testing.T, root string) []string {
+	t.Helper()
+	var out []string
+	var walk func(rel string)
+	walk = func(rel string) {
+		f, err := os.Open(filepath.Join(root, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for {
+			ents, err := f.ReadDir(7)
+			for _, de := range ents {
+				names = append(names, de.Name())
+			}
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("list %q: %v", rel, err)
+			}
+		}
+		f.Close()
+		// A name that is not there, as an import searching its path asks.
+		if err := unix.Lstat(filepath.Join(root, rel, "missing.py"), new(unix.Stat_t)); err != unix.ENOENT {
+			t.Fatalf("lstat of a missing name in %q: %v, want ENOENT", rel, err)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			p := filepath.Join(rel, name)
+			var st unix.Stat_t
+			if err := unix.Lstat(filepath.Join(root, p), &st); err != nil {
+				t.Fatal(err)
+			}
+			line := fmt.Sprintf("%s %o", p, st.Mode)
+			if st.Mode&unix.S_IFMT != unix.S_IFDIR { // a layer's directories are all 4096
+				line += fmt.Sprintf(" %d", st.Size)
+			}
+			if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				target, err := os.Readlink(filepath.Join(root, p))
+				if err != nil {
+					t.Fatal(err)
+				}
+				line += " -> " + target
+			}
+			out = append(out, line)
+			if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				walk(p)
+			}
+		}
+	}
+	walk("")
+	return out
+}
+
+// makeWideTree is a tree of nested directories, one with more entries than
+// one READDIRPLUS reply holds, an empty one, files and symlinks.
+func makeWideTree(t *testing.T) string {
+	t.Helper()
+	src := t.TempDir()
+	for i := range 300 {
+		writeFile(t, filepath.Join(src, fmt.Sprintf("wide/a-rather-long-file-name-%03d.py", i)), []byte("x = 1\n"), 0o644)
+	}
+	for i := range 5 {
+		for j := range 5 {
+			writeFile(t, filepath.Join(src, fmt.Sprintf("pkg%d/sub%d/mod.py", i, j)), []byte("y = 2\n"), 0o600)
+			if err := os.Symlink("../../wide", filepath.Join(src, fmt.Sprintf("pkg%d/sub%d/link", i, j))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(src, "empty/dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
+// A layer never changes, so once a tree was walked the kernel answers a
+// repeated walk (listings, attributes, symlinks, missing names) from its
+// caches: the daemon sees no request, directly on the layer or through an
+// overlay. The listings the daemon serves are complete and in order when
+// the kernel resumes them at offsets.
+func TestRepeatedWalkSendsNoRequests(t *testing.T) {
+	e := newEnv(t, nil, 1<<30)
+	src := makeWideTree(t)
+	d, _ := buildLayer(t, e.store, src, 1<<20)
+	mnt := e.acquire(t, d)
+	want := walkTree(t, src)
+	if len(want) < 380 {
+		t.Fatalf("source tree has only %d entries", len(want))
+	}
+	requests := func() uint64 {
+		st, _ := e.m.LayerStats(d)
+		return st.MetadataRequests
+	}
+	for _, root := range []string{mnt, mountOverlay(t, mnt)} {
+		before := requests()
+		if got := walkTree(t, root); !reflect.DeepEqual(got, want) {
+			t.Fatalf("walk of %s differs from the source:\n got %q\nwant %q", root, got, want)
+		}
+		first := requests()
+		if root == mnt && first == before {
+			t.Fatalf("the first walk sent no request: not counted")
+		}
+		if got := walkTree(t, root); !reflect.DeepEqual(got, want) {
+			t.Fatalf("second walk of %s differs from the source", root)
+		}
+		if again := requests(); again != first {
+			t.Fatalf("second walk of %s sent %d requests, want 0 (first walk: %d)", root, again-first, first-before)
+		}
+	}
+}
+
+// Reading a file costs an OPEN and a RELEASE, and no FLUSH on close.
+func TestOpenCloseSendsNoFlush(t *testing.T) {
+	e := newEnv(t, nil, 1<<30)
+	src := t.TempDir()
+	writeFile(t, filepath.Join(src, "f"), []byte("data"), 0o644)
+	d, _ := buildLayer(t, e.store, src, 1<<20)
+	mnt := e.acquire(t, d)
+	if _, err := os.Stat(filepath.Join(mnt, "f")); err != nil { // looked up
+		t.Fatal(err)
+	}
+	requests := func() uint64 {
+		st, _ := e.m.LayerStats(d)
+		return st.MetadataRequests
+	}
+	before := requests()
+	if b, err := os.ReadFile(filepath.Join(mnt, "f")); err != nil || string(b) != "data" {
+		t.Fatalf("read %q: %v", b, err)
+	}
+	// A FLUSH is sent in close(2) itself; the RELEASE follows
+	// asynchronously.
+	waitFor(t, "the release", 5*time.Second, func() bool { return requests() >= before+2 })
+	time.Sleep(50 * time.Millisecond)
+	if n := requests() - before; n != 2 {
+		t.Fatalf("open, read and close sent %d requests, want 2 (OPEN, RELEASE)", n)
 	}
 }

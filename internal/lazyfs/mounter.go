@@ -282,18 +282,31 @@ func (m *Mounter) mount(ctx context.Context, mt *mount) error {
 			// Passthrough backing files live on a plain disk fs; the
 			// mount itself is stacked under overlayfs.
 			MaxStackDepth: 1,
-			Debug:         m.debug,
+			// The kernel keeps symlink targets in its page cache: `ls -l`
+			// reads every link, and none ever changes.
+			EnableSymlinkCaching: true,
+			Debug:                m.debug,
 		},
 		// Whiteouts have mode 0; serve modes exactly.
 		NullPermissions: true,
 		EntryTimeout:    &timeout,
 		AttrTimeout:     &timeout,
 		NegativeTimeout: &timeout,
+		// Node ID = inode number, so that rawLayer finds a directory by
+		// the node ID alone (READDIR without OPENDIR). The numbers are
+		// stable and unique per layer (the entry's index).
+		ExternalNodeID: true,
 	}
 	if !m.pthrough {
 		opts.MountOptions.DisabledCapabilities = fuse.CAP_PASSTHROUGH
 	}
-	srv, err := fs.Mount(mt.dir, l.root(), opts)
+	// fs.Mount, with rawLayer between the kernel and the node bridge.
+	raw := &rawLayer{RawFileSystem: fs.NewNodeFS(l.root(), opts), l: l}
+	srv, err := fuse.NewServer(raw, mt.dir, &opts.MountOptions)
+	if err == nil {
+		go srv.Serve()
+		err = srv.WaitMount()
+	}
 	if err != nil {
 		return fmt.Errorf("lazyfs: mount layer %s at %s: %w", mt.digest, mt.dir, err)
 	}

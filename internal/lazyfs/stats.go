@@ -29,6 +29,11 @@ type Stats struct {
 	// FetchErrors counts fetches that failed after all retries or were
 	// corrupt.
 	FetchErrors uint64
+	// MetadataRequests counts the FUSE requests other than reads that
+	// reached the daemon: lookups, attributes, directory listings, opens
+	// and closes, symlinks, xattrs. What the kernel answers from its
+	// caches never reaches it.
+	MetadataRequests uint64
 }
 
 // HitRatio is Hits/(Hits+Misses), or 0 with no lookups.
@@ -48,13 +53,14 @@ func (s *Stats) add(o Stats) {
 	s.Misses += o.Misses
 	s.FetchWait += o.FetchWait
 	s.FetchErrors += o.FetchErrors
+	s.MetadataRequests += o.MetadataRequests
 }
 
 // layerStats is updated on the read path without locks. Methods accept a
 // nil receiver for readers that do not account (ChunkCache.ReadChunk).
 type layerStats struct {
 	imageBytes, fetched, prefetched, read atomic.Int64
-	hits, misses, errors                  atomic.Uint64
+	hits, misses, errors, requests        atomic.Uint64
 	waitNanos                             atomic.Int64
 }
 
@@ -86,6 +92,12 @@ func (s *layerStats) failed() {
 	}
 }
 
+func (s *layerStats) request() {
+	if s != nil {
+		s.requests.Add(1)
+	}
+}
+
 func (s *layerStats) served(n int) {
 	if s != nil {
 		s.read.Add(int64(n))
@@ -94,14 +106,15 @@ func (s *layerStats) served(n int) {
 
 func (s *layerStats) snapshot() Stats {
 	return Stats{
-		ImageBytes:      s.imageBytes.Load(),
-		FetchedBytes:    s.fetched.Load(),
-		PrefetchedBytes: s.prefetched.Load(),
-		ReadBytes:       s.read.Load(),
-		Hits:            s.hits.Load(),
-		Misses:          s.misses.Load(),
-		FetchWait:       time.Duration(s.waitNanos.Load()),
-		FetchErrors:     s.errors.Load(),
+		ImageBytes:       s.imageBytes.Load(),
+		FetchedBytes:     s.fetched.Load(),
+		PrefetchedBytes:  s.prefetched.Load(),
+		ReadBytes:        s.read.Load(),
+		Hits:             s.hits.Load(),
+		Misses:           s.misses.Load(),
+		FetchWait:        time.Duration(s.waitNanos.Load()),
+		FetchErrors:      s.errors.Load(),
+		MetadataRequests: s.requests.Load(),
 	}
 }
 
@@ -181,6 +194,7 @@ func statDescs(scope, label string) []metricDesc {
 		d("cache_hit_ratio", "Chunk hits / lookups.", prometheus.GaugeValue, Stats.HitRatio),
 		d("fetch_wait_seconds_total", "Time reads spent waiting for fetches.", prometheus.CounterValue, func(s Stats) float64 { return s.FetchWait.Seconds() }),
 		d("fetch_errors_total", "Fetches failed after retries or corrupt.", prometheus.CounterValue, func(s Stats) float64 { return float64(s.FetchErrors) }),
+		d("metadata_requests_total", "FUSE requests other than reads served by the daemon.", prometheus.CounterValue, func(s Stats) float64 { return float64(s.MetadataRequests) }),
 	}
 }
 
