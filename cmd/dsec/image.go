@@ -361,7 +361,8 @@ func newImageStatsCmd(a *app) *cobra.Command {
 				return printJSON(a.stdout, st)
 			}
 			return kv(a.stdout, "image", st.Image, "image size", formatSize(st.ImageBytes),
-				"fetched", formatSize(st.FetchedBytes), "read", formatSize(st.ReadBytes),
+				"fetched", formatSize(st.FetchedBytes)+" ("+formatSize(st.TransferredBytes)+" transferred)", "read", formatSize(st.ReadBytes),
+				"metadata requests", st.MetadataRequests,
 				"cache", fmt.Sprintf("%d hits, %d misses (%.1f%% hit ratio)", st.CacheHits, st.CacheMisses, 100*st.HitRatio),
 				"fetch wait", fmt.Sprintf("%.3fs", st.FetchWaitSecs))
 		},

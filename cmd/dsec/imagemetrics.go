@@ -25,6 +25,8 @@ var (
 		"Size of the image's file content.", []string{"image"}, nil)
 	imageFetchedDesc = prometheus.NewDesc("dsec_image_fetched_bytes",
 		"Bytes of the image fetched from the blob store on this node since its layers were mounted.", []string{"image"}, nil)
+	imageTransferredDesc = prometheus.NewDesc("dsec_image_transferred_bytes",
+		"Bytes read from the blob store for the image's fetched chunks (as stored: compressed where that saved space).", []string{"image"}, nil)
 	imageReadDesc = prometheus.NewDesc("dsec_image_read_bytes",
 		"Bytes of the image served through the layer daemon (not counting page cache hits or passthrough reads).", []string{"image"}, nil)
 	imageHitsDesc = prometheus.NewDesc("dsec_image_chunk_cache_hits",
@@ -36,7 +38,7 @@ var (
 )
 
 func (m imageMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{imageBytesDesc, imageFetchedDesc, imageReadDesc, imageHitsDesc, imageMissesDesc, imageWaitDesc} {
+	for _, d := range []*prometheus.Desc{imageBytesDesc, imageFetchedDesc, imageTransferredDesc, imageReadDesc, imageHitsDesc, imageMissesDesc, imageWaitDesc} {
 		ch <- d
 	}
 }
@@ -56,6 +58,7 @@ func (m imageMetrics) Collect(ch chan<- prometheus.Metric) {
 		}
 		g(imageBytesDesc, float64(st.ImageBytes))
 		g(imageFetchedDesc, float64(st.FetchedBytes))
+		g(imageTransferredDesc, float64(st.TransferredBytes))
 		g(imageReadDesc, float64(st.ReadBytes))
 		g(imageHitsDesc, float64(st.CacheHits))
 		g(imageMissesDesc, float64(st.CacheMisses))

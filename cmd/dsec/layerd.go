@@ -60,6 +60,7 @@ func (s lazyStats) ImageStats(key string) (layerd.Stats, bool) {
 	st, ok := s.m.ImageStats(key)
 	return layerd.Stats{
 		ImageBytes: st.ImageBytes, FetchedBytes: st.FetchedBytes, ReadBytes: st.ReadBytes,
+		TransferredBytes: st.TransferredBytes, MetadataRequests: st.MetadataRequests,
 		CacheHits: int64(st.Hits), CacheMisses: int64(st.Misses), FetchWaitSecs: st.FetchWait.Seconds(),
 	}, ok
 }

@@ -72,14 +72,21 @@ type GCResult struct {
 
 // ImageStats are lazy-loading figures of one image on one node.
 type ImageStats struct {
-	Image         string  `json:"image"`
-	ImageBytes    int64   `json:"image_bytes"`
-	FetchedBytes  int64   `json:"fetched_bytes"`
-	ReadBytes     int64   `json:"read_bytes"`
-	CacheHits     int64   `json:"cache_hits"`
-	CacheMisses   int64   `json:"cache_misses"`
-	HitRatio      float64 `json:"hit_ratio"`
-	FetchWaitSecs float64 `json:"fetch_wait_seconds"`
+	Image      string `json:"image"`
+	ImageBytes int64  `json:"image_bytes"`
+	// FetchedBytes: chunks fetched from the store, uncompressed size.
+	FetchedBytes int64 `json:"fetched_bytes"`
+	// TransferredBytes: what those fetches read from the store (chunks as
+	// stored, zstd-compressed where that saved space).
+	TransferredBytes int64 `json:"transferred_bytes"`
+	ReadBytes        int64 `json:"read_bytes"`
+	// MetadataRequests: FUSE requests other than reads that reached the
+	// layer daemon (the kernel answers the rest from its caches).
+	MetadataRequests uint64  `json:"metadata_requests"`
+	CacheHits        int64   `json:"cache_hits"`
+	CacheMisses      int64   `json:"cache_misses"`
+	HitRatio         float64 `json:"hit_ratio"`
+	FetchWaitSecs    float64 `json:"fetch_wait_seconds"`
 }
 
 // ListFilter selects sandboxes.

@@ -43,12 +43,16 @@ type StatsSource interface {
 
 // Stats are lazy-loading figures of one image on this node.
 type Stats struct {
-	ImageBytes    int64   `json:"image_bytes"`
-	FetchedBytes  int64   `json:"fetched_bytes"`
-	ReadBytes     int64   `json:"read_bytes"`
-	CacheHits     int64   `json:"cache_hits"`
-	CacheMisses   int64   `json:"cache_misses"`
-	FetchWaitSecs float64 `json:"fetch_wait_seconds"`
+	ImageBytes   int64 `json:"image_bytes"`
+	FetchedBytes int64 `json:"fetched_bytes"`
+	// TransferredBytes: what the fetches read from the store (chunks as
+	// stored, compressed where that saved space).
+	TransferredBytes int64   `json:"transferred_bytes"`
+	ReadBytes        int64   `json:"read_bytes"`
+	MetadataRequests uint64  `json:"metadata_requests"`
+	CacheHits        int64   `json:"cache_hits"`
+	CacheMisses      int64   `json:"cache_misses"`
+	FetchWaitSecs    float64 `json:"fetch_wait_seconds"`
 }
 
 type lease struct {

@@ -433,7 +433,7 @@ func (c *ChunkCache) fetch(ctx context.Context, src blob.Reader, ch image.Chunk,
 func (c *ChunkCache) runFetch(ctx context.Context, src blob.Reader, ch image.Chunk, r reader, prefetch bool, call *fetchCall) {
 	data, err := c.fetchRetry(ctx, src, ch, r)
 	if err == nil {
-		r.st.addFetched(int64(len(data)), prefetch)
+		r.st.addFetched(int64(len(data)), ch.BlobSize(), prefetch)
 		call.data = data
 		// Readers go on with the bytes in memory; the call stays in flight
 		// until the chunk is on disk so nobody fetches it again meanwhile.

@@ -89,6 +89,38 @@ func TestLazyFetchReadsOnlyWhatIsRead(t *testing.T) {
 	}
 }
 
+// Transferred bytes are what the fetches read from the store: compressed
+// chunks count at their stored size, incompressible ones at their size.
+func TestTransferredBytesCountStoredSize(t *testing.T) {
+	e := newEnv(t, nil, 1<<30)
+	src := t.TempDir()
+	text := bytes.Repeat([]byte("def handler(request):\n    return json.dumps(request)\n"), 40000)
+	writeFile(t, filepath.Join(src, "text.py"), text, 0o644)
+	writeFile(t, filepath.Join(src, "random.bin"), randData(7, 1<<20), 0o644)
+	d, idx := buildLayer(t, e.store, src, 1<<20)
+	mnt := e.acquire(t, d)
+	var wantFetched, wantStored int64
+	for _, ent := range idx.Entries {
+		for _, c := range ent.Chunks {
+			wantFetched += c.Size
+			wantStored += c.BlobSize()
+		}
+	}
+	for _, name := range []string{"text.py", "random.bin"} {
+		if _, err := os.ReadFile(filepath.Join(mnt, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, _ := e.m.LayerStats(d)
+	if st.FetchedBytes != wantFetched || st.TransferredBytes != wantStored {
+		t.Fatalf("fetched %d transferred %d, want %d and %d", st.FetchedBytes, st.TransferredBytes, wantFetched, wantStored)
+	}
+	// The text compressed, the random MiB did not.
+	if st.TransferredBytes >= st.FetchedBytes || st.TransferredBytes < 1<<20 {
+		t.Fatalf("transferred %d of %d fetched bytes", st.TransferredBytes, st.FetchedBytes)
+	}
+}
+
 func TestConcurrentMissesFetchOnce(t *testing.T) {
 	store := newTestStore(t)
 	store.delay = 100 * time.Millisecond

@@ -19,6 +19,9 @@ type Stats struct {
 	FetchedBytes int64
 	// PrefetchedBytes is the part of FetchedBytes fetched by prefetch.
 	PrefetchedBytes int64
+	// TransferredBytes is what those fetches read from the blob store:
+	// the chunks as stored, zstd-compressed where that saved space.
+	TransferredBytes int64
 	// ReadBytes were served to the kernel by the daemon; page cache hits and
 	// passthrough reads never reach the daemon.
 	ReadBytes int64
@@ -48,6 +51,7 @@ func (s *Stats) add(o Stats) {
 	s.ImageBytes += o.ImageBytes
 	s.FetchedBytes += o.FetchedBytes
 	s.PrefetchedBytes += o.PrefetchedBytes
+	s.TransferredBytes += o.TransferredBytes
 	s.ReadBytes += o.ReadBytes
 	s.Hits += o.Hits
 	s.Misses += o.Misses
@@ -59,9 +63,9 @@ func (s *Stats) add(o Stats) {
 // layerStats is updated on the read path without locks. Methods accept a
 // nil receiver for readers that do not account (ChunkCache.ReadChunk).
 type layerStats struct {
-	imageBytes, fetched, prefetched, read atomic.Int64
-	hits, misses, errors, requests        atomic.Uint64
-	waitNanos                             atomic.Int64
+	imageBytes, fetched, prefetched, read, transferred atomic.Int64
+	hits, misses, errors, requests                     atomic.Uint64
+	waitNanos                                          atomic.Int64
 }
 
 func (s *layerStats) hit() {
@@ -77,9 +81,10 @@ func (s *layerStats) miss(wait time.Duration) {
 	}
 }
 
-func (s *layerStats) addFetched(n int64, prefetch bool) {
+func (s *layerStats) addFetched(n, stored int64, prefetch bool) {
 	if s != nil {
 		s.fetched.Add(n)
+		s.transferred.Add(stored)
 		if prefetch {
 			s.prefetched.Add(n)
 		}
@@ -109,6 +114,7 @@ func (s *layerStats) snapshot() Stats {
 		ImageBytes:       s.imageBytes.Load(),
 		FetchedBytes:     s.fetched.Load(),
 		PrefetchedBytes:  s.prefetched.Load(),
+		TransferredBytes: s.transferred.Load(),
 		ReadBytes:        s.read.Load(),
 		Hits:             s.hits.Load(),
 		Misses:           s.misses.Load(),
@@ -186,7 +192,8 @@ func statDescs(scope, label string) []metricDesc {
 	}
 	return []metricDesc{
 		d("image_bytes", "Sum of regular file sizes.", prometheus.GaugeValue, func(s Stats) float64 { return float64(s.ImageBytes) }),
-		d("fetched_bytes_total", "Bytes read from the blob store.", prometheus.CounterValue, func(s Stats) float64 { return float64(s.FetchedBytes) }),
+		d("fetched_bytes_total", "Bytes of chunks fetched from the blob store (uncompressed).", prometheus.CounterValue, func(s Stats) float64 { return float64(s.FetchedBytes) }),
+		d("transferred_bytes_total", "Bytes the fetches read from the blob store (chunks as stored, compressed where that saved space).", prometheus.CounterValue, func(s Stats) float64 { return float64(s.TransferredBytes) }),
 		d("prefetched_bytes_total", "Bytes read from the blob store by prefetch.", prometheus.CounterValue, func(s Stats) float64 { return float64(s.PrefetchedBytes) }),
 		d("read_bytes_total", "Bytes served to the kernel by the FUSE daemon.", prometheus.CounterValue, func(s Stats) float64 { return float64(s.ReadBytes) }),
 		d("chunk_hits_total", "Chunk lookups served from the node cache.", prometheus.CounterValue, func(s Stats) float64 { return float64(s.Hits) }),
