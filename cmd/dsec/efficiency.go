@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"os"
 	"strconv"
@@ -40,6 +41,13 @@ const (
 	// pendingTTL drops an admission whose sandbox never showed up (its
 	// create failed before the agent registered it).
 	pendingTTL = 30 * time.Second
+	// hostMaxAge: admissions within it share one reading of the host's
+	// figures. Reading /proc/meminfo costs 0.2-0.5 ms of CPU on this
+	// kernel, as much as the rest of an admission. A sandbox stops
+	// counting as pending when it runs, as before; what it allocated in
+	// its first moments shows up in the next reading, as what it
+	// allocates later does in any reading.
+	hostMaxAge = 100 * time.Millisecond
 )
 
 // efficiency is the node's accounting, admission, swap tier and reclaim
@@ -183,9 +191,8 @@ func (e *efficiency) start(ctx context.Context, agent *node.Local, rt runtime.Ru
 		// expected use by a measurement within about two seconds.
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
-		perFull := int(sampleInterval / time.Second)
 		for tick := 0; ; tick++ {
-			e.sample(ctx, agent, rt, tick%perFull == 0)
+			e.sample(ctx, agent, rt, tick)
 			select {
 			case <-ctx.Done():
 				return
@@ -223,30 +230,45 @@ func (e *efficiency) start(ctx context.Context, agent *node.Local, rt runtime.Ru
 	return func() { cancel(); wg.Wait() }, nil
 }
 
-// sample reads every live sandbox's counters once: CPU for the p95
-// window, busy-ness for idleness, and the per-task batch sweep.
 // cpuUsager is a runtime that can read a sandbox's CPU time alone.
 type cpuUsager interface {
 	CPUUsage(id string) (uint64, error)
 }
 
-func (e *efficiency) sample(ctx context.Context, agent *node.Local, rt runtime.Runtime, full bool) {
-	sbs, err := agent.ListSandboxes(ctx)
-	if err != nil {
-		return
-	}
-	live := map[string]bool{}
+// ticksPerSample is how many one-second ticks make a sampleInterval.
+const ticksPerSample = int(sampleInterval / time.Second)
+
+// sampleSlot is the tick (of ticksPerSample) at which a measured sandbox
+// is read: every sandbox once per sampleInterval, spread evenly over the
+// ticks, so that with thousands of sandboxes no tick reads them all at once
+// (a burst that stalls the creates running beside it).
+func sampleSlot(id string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return int(h.Sum32() % uint32(ticksPerSample))
+}
+
+// sample reads the CPU counter of the sandboxes due at this tick (those
+// of its slot, and every one not measured yet) for the p95 window and
+// idleness, and sweeps batch sandboxes' tasks. It reads the agent's
+// lock-free resident view, not its full records.
+func (e *efficiency) sample(ctx context.Context, agent *node.Local, rt runtime.Runtime, tick int) {
+	sbs := agent.Residents()
+	live := make(map[string]bool, len(sbs))
 	now := time.Now()
+	slot := tick % ticksPerSample
+	cu, oneFile := rt.(cpuUsager)
 	for _, sb := range sbs {
 		if sb.State != node.StateRunning && sb.State != node.StatePaused {
 			continue
 		}
 		live[sb.ID] = true
-		if !full && e.stats.CPU(sb.ID).Samples >= 2 {
+		if e.stats.CPU(sb.ID).Samples >= 2 && sampleSlot(sb.ID) != slot {
 			continue
 		}
 		var usage uint64
-		if cu, ok := rt.(cpuUsager); ok {
+		var err error
+		if oneFile {
 			// One cgroup file per sandbox, not the dozen of full stats.
 			if usage, err = cu.CPUUsage(sb.ID); err != nil {
 				continue
@@ -264,8 +286,8 @@ func (e *efficiency) sample(ctx context.Context, agent *node.Local, rt runtime.R
 			e.lastBusy[sb.ID] = now
 			e.mu.Unlock()
 		}
-		if e.taskSchedIdle && sb.Spec.QoS == node.QoSBatch {
-			e.sweepBatch(ctx, sb)
+		if e.taskSchedIdle && sb.QoS == node.QoSBatch {
+			e.sweepBatch(ctx, sb.ID, sb.Cgroup)
 		}
 	}
 	e.mu.Lock()
@@ -290,8 +312,8 @@ func (e *efficiency) sample(ctx context.Context, agent *node.Local, rt runtime.R
 // sweepBatch makes every task of a batch sandbox SCHED_IDLE: execs are
 // started by a shim forked from the server, so they do not inherit the
 // init's policy.
-func (e *efficiency) sweepBatch(ctx context.Context, sb node.Sandbox) {
-	g, err := e.group(ctx, sb)
+func (e *efficiency) sweepBatch(ctx context.Context, id, cgroup string) {
+	g, err := e.group(ctx, id, cgroup)
 	if err != nil {
 		return
 	}
@@ -304,27 +326,27 @@ func (e *efficiency) sweepBatch(ctx context.Context, sb node.Sandbox) {
 			continue
 		}
 		if err := reclaim.SetSchedIdle(pid, true); err != nil && !errdefs.IsNotFound(err) {
-			e.log.Warn("batch class: SCHED_IDLE", "sandbox", sb.ID, "pid", pid, "err", err)
+			e.log.Warn("batch class: SCHED_IDLE", "sandbox", id, "pid", pid, "err", err)
 		}
 	}
 }
 
-func (e *efficiency) group(ctx context.Context, sb node.Sandbox) (cgroups.Group, error) {
+func (e *efficiency) group(ctx context.Context, id, cgroup string) (cgroups.Group, error) {
 	e.mu.Lock()
-	g := e.groups[sb.ID]
+	g := e.groups[id]
 	e.mu.Unlock()
 	if g != nil {
 		return g, nil
 	}
-	if sb.Runtime.Cgroup == "" {
-		return nil, fmt.Errorf("sandbox %s has no cgroup recorded: %w", sb.ID, errdefs.ErrNotFound)
+	if cgroup == "" {
+		return nil, fmt.Errorf("sandbox %s has no cgroup recorded: %w", id, errdefs.ErrNotFound)
 	}
-	g, err := e.cg.Load(ctx, sb.Runtime.Cgroup)
+	g, err := e.cg.Load(ctx, cgroup)
 	if err != nil {
 		return nil, err
 	}
 	e.mu.Lock()
-	e.groups[sb.ID] = g
+	e.groups[id] = g
 	e.mu.Unlock()
 	return g, nil
 }
@@ -342,7 +364,7 @@ func (e *efficiency) sandboxes(ctx context.Context, agent *node.Local) ([]reclai
 		if sb.State != node.StateRunning && sb.State != node.StatePaused {
 			continue
 		}
-		g, err := e.group(ctx, sb)
+		g, err := e.group(ctx, sb.ID, sb.Runtime.Cgroup)
 		if err != nil {
 			e.log.Debug("reclaim: no cgroup", "sandbox", sb.ID, "err", err)
 			continue
@@ -387,6 +409,9 @@ type admission struct {
 	// expected is a newcomer's expected CPU use for its request, set by
 	// usage from the node's measured sandboxes. a.mu held.
 	expected func(request float64) float64
+
+	hostMu sync.Mutex
+	host   hostReading // the last reading, shared for hostMaxAge
 }
 
 // policyFor is the policy with the expected-use fraction of this shape.
@@ -409,7 +434,8 @@ var _ node.Admission = (*admission)(nil)
 
 // residents is what admission reads of the agent (node.Local).
 type residents interface {
-	Residents() []node.Resident
+	// EachResident calls fn with every sandbox's resource view.
+	EachResident(fn func(node.Resident))
 }
 
 // shape turns a spec into what the scheduler compares.
@@ -421,40 +447,66 @@ func (a *admission) shape(spec node.SandboxSpec) scheduler.Shape {
 	return scheduler.Shape{CPU: spec.CPU, MemoryBytes: spec.MemoryBytes, Pids: pids, DiskBytes: spec.DiskBytes}
 }
 
-// usage measures the node. a.mu held.
-func (a *admission) usage() (scheduler.NodeUsage, error) {
+// hostReading is what admission measures of the host itself. It is taken
+// outside admission's lock (admissions see each other's pending use under
+// the lock, not in the kernel's figures) and shared for hostMaxAge.
+type hostReading struct {
+	at                  time.Time // when the reading began
+	mem                 reclaim.Node
+	pidsMax, pidsUsed   int64
+	diskTotal, diskUsed int64
+}
+
+func (a *admission) readHost() (hostReading, error) {
+	a.hostMu.Lock()
+	defer a.hostMu.Unlock()
+	now := time.Now()
+	if !a.host.at.IsZero() && now.Sub(a.host.at) < hostMaxAge && !now.Before(a.host.at) {
+		return a.host, nil
+	}
 	mem, err := reclaim.ReadNode(a.meminfo)
 	if err != nil {
-		return scheduler.NodeUsage{}, err
+		return hostReading{}, err
 	}
-	u := scheduler.NodeUsage{CPUs: a.cpus, MemoryTotal: mem.Total, MemoryHeld: mem.Held}
-	u.PidsMax, u.PidsUsed = pidsOfHost()
+	h := hostReading{at: now, mem: mem}
+	h.pidsMax, h.pidsUsed = pidsOfHost()
 	var fs unix.Statfs_t
 	if a.dataDir != "" && unix.Statfs(a.dataDir, &fs) == nil {
-		u.DiskTotal = int64(fs.Blocks) * fs.Bsize
-		u.DiskUsed = int64(fs.Blocks-fs.Bavail) * fs.Bsize
+		h.diskTotal = int64(fs.Blocks) * fs.Bsize
+		h.diskUsed = int64(fs.Blocks-fs.Bavail) * fs.Bsize
 	}
-	var sbs []node.Resident
-	if a.agent != nil {
-		sbs = a.agent.Residents()
-	}
-	listed := map[string]string{}
+	a.host = h
+	return h, nil
+}
+
+// usage is the node's use: the host's figures plus what the sandboxes are
+// measured or expected to use. a.mu held.
+func (a *admission) usage(h hostReading) scheduler.NodeUsage {
+	u := scheduler.NodeUsage{CPUs: a.cpus, MemoryTotal: h.mem.Total, MemoryHeld: h.mem.Held,
+		PidsMax: h.pidsMax, PidsUsed: h.pidsUsed, DiskTotal: h.diskTotal, DiskUsed: h.diskUsed}
+	// The states of the pending admissions' sandboxes: a lookup per
+	// resident in the few pending, not a map of every resident.
+	listed := make(map[string]string, len(a.pending))
 	var unmeasured []float64 // requests of running sandboxes without a rate yet
 	var measuredSum float64
 	measured := 0
-	for _, sb := range sbs {
-		listed[sb.ID] = sb.State
-		if sb.State != node.StateRunning && sb.State != node.StatePaused {
-			continue
-		}
-		u.Sandboxes++
-		if c := a.stats.CPU(sb.ID); c.Samples >= 2 {
-			u.CPUUsedP95 += c.P95
-			measuredSum += c.P95
-			measured++
-		} else {
-			unmeasured = append(unmeasured, sb.CPU)
-		}
+	if a.agent != nil {
+		a.agent.EachResident(func(sb node.Resident) {
+			if _, ok := a.pending[sb.ID]; ok {
+				listed[sb.ID] = sb.State
+			}
+			if sb.State != node.StateRunning && sb.State != node.StatePaused {
+				return
+			}
+			u.Sandboxes++
+			if c := a.stats.CPU(sb.ID); c.Samples >= 2 {
+				u.CPUUsedP95 += c.P95
+				measuredSum += c.P95
+				measured++
+			} else {
+				unmeasured = append(unmeasured, sb.CPU)
+			}
+		})
 	}
 	// A sandbox without a measured rate yet is expected to use what the
 	// node's measured sandboxes use on average (floored); with too few of
@@ -486,7 +538,7 @@ func (a *admission) usage() (scheduler.NodeUsage, error) {
 		u.MemoryHeld += p.mem
 		u.Sandboxes++
 	}
-	return u, nil
+	return u
 }
 
 // pidsOfHost returns the host's task limit and count (/proc/loadavg's
@@ -523,12 +575,13 @@ func readInt(p string) int64 {
 
 // Admit implements node.Admission.
 func (a *admission) Admit(ctx context.Context, spec node.SandboxSpec) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	u, err := a.usage()
+	h, err := a.readHost()
 	if err != nil {
 		return fmt.Errorf("admission: measure node: %w", err)
 	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	u := a.usage(h)
 	shape := a.shape(spec)
 	if err := scheduler.Check(u, shape, a.policyFor(shape)); err != nil {
 		if r := scheduler.ShortResource(err); r != "" {
@@ -548,12 +601,13 @@ func (a *admission) Capacity(ctx context.Context, spec node.SandboxSpec) (*node.
 	if err := shape.Validate(); err != nil {
 		return nil, err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	u, err := a.usage()
+	h, err := a.readHost()
 	if err != nil {
 		return nil, fmt.Errorf("capacity: measure node: %w", err)
 	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	u := a.usage(h)
 	fits, limiting, detail := scheduler.Capacity(u, shape, a.policyFor(shape))
 	if limiting == "invalid" {
 		return nil, fmt.Errorf("capacity: shape: %w", errdefs.ErrInvalidArgument)

@@ -121,6 +121,37 @@ func TestAdmissionCapacityFigures(t *testing.T) {
 	}
 }
 
+// Admissions close together share one reading of the host's figures, at
+// most hostMaxAge old.
+func TestAdmissionSharesHostReading(t *testing.T) {
+	ctx := context.Background()
+	a := testAdmission(t, 8192, 6144, 2, 10) // 6144 - 512 reserve = 5632 MiB free
+	memFits := func() int {
+		t.Helper()
+		c, err := a.Capacity(ctx, node.SandboxSpec{CPU: 1, MemoryBytes: 512 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Detail[scheduler.ResourceMemory]
+	}
+	if n := memFits(); n != 11 {
+		t.Fatalf("memory fits %d, want 11", n)
+	}
+	content := fmt.Sprintf("MemTotal: %d kB\nMemAvailable: %d kB\nSwapTotal: 0 kB\nSwapFree: 0 kB\n", 8192<<10, 2048<<10)
+	if err := os.WriteFile(a.meminfo, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	n := memFits()
+	if time.Since(start) < hostMaxAge && n != 11 {
+		t.Fatalf("within %v of the last reading: memory fits %d, want the shared reading's 11", hostMaxAge, n)
+	}
+	time.Sleep(hostMaxAge)
+	if n := memFits(); n != 3 {
+		t.Fatalf("after %v: memory fits %d, want 3 from a new reading", hostMaxAge, n)
+	}
+}
+
 func TestAdmissionBadMeminfo(t *testing.T) {
 	a := testAdmission(t, 1024, 512, 2, 4)
 	if err := os.WriteFile(a.meminfo, []byte("MemTotal: lots\n"), 0o600); err != nil {
@@ -169,7 +200,11 @@ func TestEfficiencyBadFlags(t *testing.T) {
 
 type fakeResidents []node.Resident
 
-func (f *fakeResidents) Residents() []node.Resident { return *f }
+func (f *fakeResidents) EachResident(fn func(node.Resident)) {
+	for _, r := range *f {
+		fn(r)
+	}
+}
 
 // A pending admission stops counting once its sandbox runs; from then on
 // the sandbox counts with its request until measured, then with its p95.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"path"
 	"path/filepath"
 	"runtime/pprof"
 	"time"
@@ -23,6 +24,10 @@ import (
 	"github.com/dsec-dev/dsec/internal/seccomp"
 	boltstore "github.com/dsec-dev/dsec/internal/store/bolt"
 )
+
+// sandboxCgroupParent is the cgroup below which every sandbox's group is
+// named after its id.
+const sandboxCgroupParent = "dsec/sandboxes"
 
 // runServe wires the mechanisms into a node agent and the control plane,
 // serves the APIs until ctx ends, and leaves running sandboxes running.
@@ -62,6 +67,15 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 	if err := os.MkdirAll(o.dataDir, 0o700); err != nil {
 		return err
 	}
+	// The state store's file lock makes this the only server of the data
+	// dir before anything below looks at its sandboxes: recovery removes
+	// sandbox directories that have no record, which for a second server
+	// would include the first one's creates in flight.
+	st, err := boltstore.Open(filepath.Join(o.dataDir, "state.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
 
 	// Mechanisms.
 	cg, err := detectCgroups()
@@ -90,6 +104,7 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 	o.sandboxesDir = sandboxesDir
 	rt, err := runtime.NewNamespaceRuntime(cg,
 		runtime.WithLogger(log.With("component", "runtime")),
+		runtime.WithCgroupParent(sandboxCgroupParent),
 		runtime.WithDiskPool(pool),
 		runtime.WithSubvolumes(subvols),
 		runtime.WithSeccomp(func(s runtime.Spec) ([]unix.SockFilter, error) {
@@ -154,8 +169,9 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 		DefaultEnv:    []string{"HOME=/root", "TERM=xterm"},
 		TaskSchedIdle: eff.taskSchedIdle, Features: eff.features,
 	}, node.Deps{
-		Runtime: rt, Images: imgs, Layers: layerLeases{ld}, Committer: imgs, Network: netw,
+		Runtime: rt, Images: imgs, Layers: newLayerLeases(ld), Committer: imgs, Network: netw,
 		Files: sandboxfs.Opener(), Stats: eff.stats, Admission: eff.adm,
+		Orphans: orphanReaper{rt: rt, cgroupParent: sandboxCgroupParent},
 	}, log.With("component", "node"))
 	if err != nil {
 		return err
@@ -174,11 +190,6 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 	}
 
 	// Control plane.
-	st, err := boltstore.Open(filepath.Join(o.dataDir, "state.db"))
-	if err != nil {
-		return err
-	}
-	defer st.Close()
 	nodeName := agent.Name()
 	svc, err := api.NewService(api.Config{
 		DataDir: o.dataDir, DefaultCPU: o.cpu, DefaultMemoryBytes: memory, DefaultDiskBytes: disk,
@@ -239,7 +250,7 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 		// Another server on this host (another data dir) may still have
 		// sandboxes below them: then rmdir stays EBUSY, so try briefly
 		// rather than waiting out qctx.
-		for _, name := range []string{"dsec/sandboxes", "dsec"} {
+		for _, name := range []string{sandboxCgroupParent, path.Dir(sandboxCgroupParent)} {
 			dctx, dcancel := context.WithTimeout(qctx, 200*time.Millisecond)
 			if g, err := cg.Load(dctx, name); err == nil {
 				_ = g.Delete(dctx)

@@ -2,13 +2,14 @@ package main
 
 // Adapters that plug the mechanism packages into the roles the node agent
 // and the control plane consume. They hold no logic of their own beyond
-// translating types.
+// translating types, except the layer leases' use count.
 
 import (
 	"context"
 	"io"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dsec-dev/dsec/internal/api"
@@ -17,22 +18,159 @@ import (
 	"github.com/dsec-dev/dsec/internal/layerd"
 	"github.com/dsec-dev/dsec/internal/netpolicy"
 	"github.com/dsec-dev/dsec/internal/node"
+	"github.com/dsec-dev/dsec/internal/runtime"
 )
 
-// layerLeases is node.LayerProvider over the layer daemon.
-type layerLeases struct{ c *layerd.Client }
+// layerLeases is node.LayerProvider over the layer daemon. The daemon
+// holds one lease per layer for this server (holder "layer:DIGEST"), taken
+// by the first sandbox that uses the layer and dropped with the last one;
+// which sandboxes use a layer is counted here. A create whose layers are
+// in use already makes no round trip to the daemon, nor does a delete
+// that leaves them in use.
+type layerLeases struct {
+	c *layerd.Client
 
-func (l layerLeases) Acquire(ctx context.Context, layer, holder string) (string, error) {
-	return l.c.Acquire(ctx, blob.Digest(layer), holder)
+	// syncing: Sync runs alone (held exclusively), so that the leases it
+	// keeps are exactly those in use; acquires and releases share it.
+	syncing sync.RWMutex
+	mu      sync.Mutex
+	layers  map[string]*layerLease
 }
 
-func (l layerLeases) Release(ctx context.Context, layer, holder string) error {
-	return l.c.Release(ctx, blob.Digest(layer), holder)
+// layerLease is this server's lease on one layer.
+type layerLease struct {
+	// mu orders the daemon calls of this layer: a release in flight
+	// must not overtake an acquire made after it.
+	mu      sync.Mutex
+	path    string // "" while the daemon holds no lease for us
+	holders map[string]bool
+	gone    bool // dropped from layers; look the layer up again
 }
 
-func (l layerLeases) Sync(ctx context.Context, live []string) error {
-	_, err := l.c.Sync(ctx, live)
+func newLayerLeases(c *layerd.Client) *layerLeases {
+	return &layerLeases{c: c, layers: map[string]*layerLease{}}
+}
+
+// leaseHolder names this server's lease on layer at the daemon.
+func leaseHolder(layer string) string { return "layer:" + layer }
+
+// lease returns layer's entry, locked and live.
+func (l *layerLeases) lease(layer string, create bool) *layerLease {
+	for {
+		l.mu.Lock()
+		e := l.layers[layer]
+		if e == nil && create {
+			e = &layerLease{holders: map[string]bool{}}
+			l.layers[layer] = e
+		}
+		l.mu.Unlock()
+		if e == nil {
+			return nil
+		}
+		e.mu.Lock()
+		if !e.gone {
+			return e
+		}
+		e.mu.Unlock()
+	}
+}
+
+// dropIfUnused forgets e when nothing holds it. e.mu held.
+func (l *layerLeases) dropIfUnused(layer string, e *layerLease) {
+	if len(e.holders) > 0 || e.path != "" {
+		return
+	}
+	e.gone = true
+	l.mu.Lock()
+	delete(l.layers, layer)
+	l.mu.Unlock()
+}
+
+func (l *layerLeases) Acquire(ctx context.Context, layer, holder string) (string, error) {
+	l.syncing.RLock()
+	defer l.syncing.RUnlock()
+	e := l.lease(layer, true)
+	defer e.mu.Unlock()
+	if e.path == "" {
+		path, err := l.c.Acquire(ctx, blob.Digest(layer), leaseHolder(layer))
+		if err != nil {
+			l.dropIfUnused(layer, e)
+			return "", err
+		}
+		e.path = path
+	}
+	e.holders[holder] = true
+	return e.path, nil
+}
+
+func (l *layerLeases) Release(ctx context.Context, layer, holder string) error {
+	l.syncing.RLock()
+	defer l.syncing.RUnlock()
+	e := l.lease(layer, false)
+	if e == nil {
+		return nil
+	}
+	defer e.mu.Unlock()
+	delete(e.holders, holder)
+	if len(e.holders) > 0 || e.path == "" {
+		return nil
+	}
+	// Forgotten even if the daemon cannot be told: the next acquire asks
+	// it again, and Sync drops what it still holds.
+	e.path = ""
+	err := l.c.Release(ctx, blob.Digest(layer), leaseHolder(layer))
+	l.dropIfUnused(layer, e)
 	return err
+}
+
+// Sync forgets the holders not in live and has the daemon drop every lease
+// but this server's leases on the layers still in use: those of sandboxes
+// that ended while no server ran, and an earlier server's per-sandbox ones.
+func (l *layerLeases) Sync(ctx context.Context, live []string) error {
+	l.syncing.Lock()
+	defer l.syncing.Unlock()
+	keep := make(map[string]bool, len(live))
+	for _, h := range live {
+		keep[h] = true
+	}
+	l.mu.Lock()
+	layers := make([]string, 0, len(l.layers))
+	for layer := range l.layers {
+		layers = append(layers, layer)
+	}
+	l.mu.Unlock()
+	var held []string
+	for _, layer := range layers {
+		e := l.lease(layer, false)
+		if e == nil {
+			continue
+		}
+		for h := range e.holders {
+			if !keep[h] {
+				delete(e.holders, h)
+			}
+		}
+		if len(e.holders) > 0 {
+			held = append(held, leaseHolder(layer))
+		} else {
+			e.path = "" // dropped by the daemon's sync below
+			l.dropIfUnused(layer, e)
+		}
+		e.mu.Unlock()
+	}
+	_, err := l.c.Sync(ctx, held)
+	return err
+}
+
+// orphanReaper is node.OrphanReaper over the runtime, which names a
+// sandbox's cgroup after its id below cgroupParent.
+type orphanReaper struct {
+	rt           *runtime.NamespaceRuntime
+	cgroupParent string
+}
+
+func (o orphanReaper) ReapOrphan(ctx context.Context, id, dir string) error {
+	return o.rt.Reap(ctx, runtime.State{ID: id, Dir: dir, Cgroup: o.cgroupParent + "/" + id})
 }
 
 // images adapts image.Store to the node's and the control plane's roles.
@@ -196,6 +334,7 @@ func (im *images) Stats(ctx context.Context, ref string) (*api.ImageStats, error
 		return out, nil
 	}
 	out.FetchedBytes, out.ReadBytes = st.FetchedBytes, st.ReadBytes
+	out.TransferredBytes, out.MetadataRequests = st.TransferredBytes, st.MetadataRequests
 	out.CacheHits, out.CacheMisses, out.FetchWaitSecs = st.CacheHits, st.CacheMisses, st.FetchWaitSecs
 	if n := st.CacheHits + st.CacheMisses; n > 0 {
 		out.HitRatio = float64(st.CacheHits) / float64(n)

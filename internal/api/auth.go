@@ -149,6 +149,9 @@ func (s *ControlPlane) DeleteTenant(ctx context.Context, c Caller, name string) 
 	if name == AdminTenant {
 		return fmt.Errorf("the admin tenant cannot be deleted: %w", errdefs.ErrFailedPrecondition)
 	}
+	// No create reserves for this tenant meanwhile (see reserve).
+	s.tenantMu.Lock()
+	defer s.tenantMu.Unlock()
 	return s.st.Update(ctx, func(tx store.Tx) error {
 		var t Tenant
 		if err := tx.Get(ctx, store.BucketTenants, name, &t); err != nil {
@@ -157,20 +160,8 @@ func (s *ControlPlane) DeleteTenant(ctx context.Context, c Caller, name string) 
 			}
 			return err
 		}
-		n := 0
-		if err := tx.List(ctx, store.BucketSandboxes, "", func(_ string, v []byte) error {
-			var q quotaView
-			if err := jsonUnmarshal(v, &q); err != nil {
-				return err
-			}
-			if q.Sandbox.Spec.Tenant == name {
-				n++
-			}
-			return nil
-		}); err != nil {
-			return err
-		}
-		if n > 0 {
+		// Every record, in any state, and the creates in flight.
+		if n := s.index.sandboxesOf(name); n > 0 {
 			return fmt.Errorf("tenant %s still has %d sandboxes; delete them first: %w", name, n, errdefs.ErrFailedPrecondition)
 		}
 		toks, err := store.ListAll[tokenRecord](ctx, tx, store.BucketTokens, "")

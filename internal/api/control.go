@@ -27,6 +27,12 @@ type ControlPlane struct {
 	audit   *auditLog
 	metrics *metrics
 	locks   keyedLocks
+	// index summarises every sandbox record and the creates in flight
+	// (quota usage, timers) in memory.
+	index *sandboxIndex
+	// tenantMu: creates hold it shared while they reserve, DeleteTenant
+	// exclusively, so no sandbox is reserved for a tenant being deleted.
+	tenantMu sync.RWMutex
 
 	actMu     sync.Mutex
 	activity  map[string]time.Time // last activity seen, by sandbox
@@ -74,6 +80,11 @@ func NewService(cfg Config, st store.Store, nodes NodeSet, images ImageManager, 
 		bg: bg, stop: stop,
 	}
 	s.metrics = newMetrics(s)
+	s.index = newSandboxIndex()
+	if err := s.index.load(context.Background(), st); err != nil {
+		_ = al.Close()
+		return nil, fmt.Errorf("api: index sandbox records: %w", err)
+	}
 	return s, nil
 }
 
@@ -149,10 +160,14 @@ func (s *ControlPlane) load(ctx context.Context, c Caller, id string) (*sandboxR
 	}
 	var rec sandboxRecord
 	if err := s.st.Get(ctx, store.BucketSandboxes, id, &rec); err != nil {
-		if errdefs.IsNotFound(err) {
+		if !errdefs.IsNotFound(err) {
+			return nil, err
+		}
+		creating, ok := s.index.creating(id)
+		if !ok {
 			return nil, notFound(id)
 		}
-		return nil, err
+		rec = *creating
 	}
 	if !c.Admin && rec.Sandbox.Spec.Tenant != c.Tenant {
 		return nil, notFound(id)
@@ -184,6 +199,7 @@ func (s *ControlPlane) loadLive(ctx context.Context, c Caller, id string) (*sand
 // modify applies fn to a stored record in one transaction.
 func (s *ControlPlane) modify(ctx context.Context, id string, fn func(*sandboxRecord) error) (*sandboxRecord, error) {
 	var out sandboxRecord
+	indexed := false
 	err := s.st.Update(ctx, func(tx store.Tx) error {
 		if err := tx.Get(ctx, store.BucketSandboxes, id, &out); err != nil {
 			if errdefs.IsNotFound(err) {
@@ -194,9 +210,17 @@ func (s *ControlPlane) modify(ctx context.Context, id string, fn func(*sandboxRe
 		if err := fn(&out); err != nil {
 			return err
 		}
-		return tx.Put(ctx, store.BucketSandboxes, id, &out)
+		if err := tx.Put(ctx, store.BucketSandboxes, id, &out); err != nil {
+			return err
+		}
+		s.index.put(&out)
+		indexed = true
+		return nil
 	})
 	if err != nil {
+		if indexed { // the commit failed
+			s.index.resync(ctx, s.st, id)
+		}
 		return nil, err
 	}
 	return &out, nil
@@ -218,11 +242,15 @@ func (s *ControlPlane) removeRecord(ctx context.Context, id string) error {
 			}
 		}
 		err := tx.Delete(ctx, store.BucketSandboxes, id)
-		if errdefs.IsNotFound(err) {
-			return nil
+		if err != nil && !errdefs.IsNotFound(err) {
+			return err
 		}
-		return err
+		s.index.remove(id)
+		return nil
 	})
+	if err != nil {
+		s.index.resync(ctx, s.st, id)
+	}
 	s.actMu.Lock()
 	delete(s.activity, id)
 	delete(s.persisted, id)
@@ -255,6 +283,13 @@ func (s *ControlPlane) touch(ctx context.Context, id string) {
 	if err != nil && !errdefs.IsNotFound(err) {
 		s.log.Warn("persisting sandbox activity", "sandbox", id, "err", err)
 	}
+}
+
+// memoryActivity is the last activity seen in memory (zero if none).
+func (s *ControlPlane) memoryActivity(id string) time.Time {
+	s.actMu.Lock()
+	defer s.actMu.Unlock()
+	return s.activity[id]
 }
 
 // lastActivity is the latest of the in-memory and the persisted activity.

@@ -12,10 +12,17 @@
 //   - Isolation: a tenant's view is its own sandboxes and its own or public
 //     images. Anything else answers ErrNotFound, worded exactly like a
 //     missing object, so ids cannot be probed.
-//   - Quotas: CreateSandbox reserves (quota check + a "creating" record) in
-//     one store transaction before it calls a node, so concurrent creates
-//     cannot overshoot; any failure afterwards deletes what the node may
-//     have made and releases the reservation.
+//   - Quotas: CreateSandbox reserves (quota check + count) in the control
+//     plane's in-memory index of sandbox records before it calls a node,
+//     so concurrent creates cannot overshoot, and writes the sandbox's
+//     record once, after the node made it: one store commit per create.
+//     Any failure deletes what the node may have made and releases the
+//     reservation. A reservation is never on disk: after a crash, a
+//     sandbox the node made but the store did not record is adopted from
+//     the node (Reconcile), counted once.
+//   - The index (index.go) mirrors every sandbox record (tenant, resources,
+//     state, timers) and is updated in the same store transaction as the
+//     record, so quota checks and the timer pass never list the store.
 //   - Timers: the max-lifetime deadline is persisted with the record; idle
 //     time is tracked in memory on every exec and file call and persisted
 //     at most every ActivityPersistEvery, so a busy sandbox does not cost

@@ -30,17 +30,20 @@ func (s *ControlPlane) reapLoop() {
 // ReapExpired applies lifecycle timers once, at the clock's now: sandboxes
 // past their max lifetime are deleted; running sandboxes idle for their
 // idle TTL are deleted or paused (spec.OnIdle). A running exec counts as
-// activity. The timer loop calls it every ReapInterval.
+// activity. The timer loop calls it every ReapInterval. The index names
+// the sandboxes whose timers may have fired; only their records are read.
 func (s *ControlPlane) ReapExpired(ctx context.Context) error {
-	recs, err := store.ListAll[sandboxRecord](ctx, s.st, store.BucketSandboxes, "")
-	if err != nil {
-		return err
-	}
 	now := s.now()
 	var firstErr error
-	for i := range recs {
-		rec := &recs[i]
-		id, st := rec.Sandbox.ID, rec.Sandbox.State
+	for _, id := range s.index.due(now, s.memoryActivity) {
+		var rec sandboxRecord
+		if err := s.st.Get(ctx, store.BucketSandboxes, id, &rec); err != nil {
+			if !errdefs.IsNotFound(err) && firstErr == nil {
+				firstErr = fmt.Errorf("sandbox %s: %w", id, err)
+			}
+			continue
+		}
+		st := rec.Sandbox.State
 		if st != node.StateRunning && st != node.StatePaused {
 			continue
 		}
@@ -50,8 +53,8 @@ func (s *ControlPlane) ReapExpired(ctx context.Context) error {
 			s.log.Info("sandbox reached its lifetime", "sandbox", id, "deadline", rec.Deadline)
 			err = s.timerDelete(ctx, id, "lifetime")
 		case st == node.StateRunning && rec.Sandbox.Spec.IdleTTL > 0 &&
-			now.Sub(s.lastActivity(rec)) >= rec.Sandbox.Spec.IdleTTL:
-			if s.execRunning(ctx, rec) {
+			now.Sub(s.lastActivity(&rec)) >= rec.Sandbox.Spec.IdleTTL:
+			if s.execRunning(ctx, &rec) {
 				s.touch(ctx, id)
 				continue
 			}
@@ -203,7 +206,19 @@ func (s *ControlPlane) adoptOrphan(ctx context.Context, nodeName string, sb node
 	if sb.Spec.MaxLifetime > 0 {
 		rec.Deadline = sb.CreatedAt.Add(sb.Spec.MaxLifetime)
 	}
-	if err := s.st.Put(ctx, store.BucketSandboxes, sb.ID, rec); err != nil {
+	indexed := false
+	err := s.st.Update(ctx, func(tx store.Tx) error {
+		if err := tx.Put(ctx, store.BucketSandboxes, sb.ID, &rec); err != nil {
+			return err
+		}
+		s.index.put(&rec)
+		indexed = true
+		return nil
+	})
+	if err != nil {
+		if indexed {
+			s.index.resync(ctx, s.st, sb.ID)
+		}
 		s.log.Error("reconcile: adopting an unknown sandbox", "sandbox", sb.ID, "err", err)
 		return
 	}
@@ -264,10 +279,7 @@ func (s *ControlPlane) Capacity(ctx context.Context, c Caller, shape node.Sandbo
 		}
 		return nil, err
 	}
-	u, err := tenantUsage(ctx, s.st, c.Tenant)
-	if err != nil {
-		return nil, err
-	}
+	u := s.index.tenantUsage(c.Tenant)
 	q := t.Quota
 	limit := func(res string, n int) {
 		if n < 0 {

@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/dsec-dev/dsec/internal/node"
-	"github.com/dsec-dev/dsec/internal/store"
 )
 
 type metrics struct {
@@ -108,7 +107,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descNodeMemReclaim, float64(info.MemoryReclaimableBytes), name)
 		gauge(descNodeMemAvail, float64(info.MemAvailable), name)
 	}
-	recs, err := store.ListAll[sandboxRecord](ctx, s.st, store.BucketSandboxes, "")
+	recs, err := s.listRecords(ctx)
 	if err != nil {
 		s.log.Warn("metrics: listing sandboxes", "err", err)
 		return

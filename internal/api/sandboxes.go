@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"sort"
@@ -77,19 +76,20 @@ func (s *ControlPlane) create(ctx context.Context, c Caller, spec *node.SandboxS
 
 	created, err := agent.CreateSandbox(ctx, *spec)
 	if err != nil {
-		s.undoCreate(ctx, agent, spec.ID, !errdefs.IsAlreadyExists(err))
+		s.undoCreate(ctx, agent, &rec, !errdefs.IsAlreadyExists(err))
 		return nil, err
 	}
-	out, err := s.modify(context.WithoutCancel(ctx), spec.ID, func(r *sandboxRecord) error {
-		sb := *created
-		sb.Spec.Tenant = spec.Tenant
-		sb.Node = name
-		sb.CreatedAt, sb.LastActivity = now, now
-		r.Sandbox = sb
-		return nil
-	})
-	if err != nil {
-		s.undoCreate(ctx, agent, spec.ID, true)
+	sb := *created
+	sb.Spec.Tenant = spec.Tenant
+	sb.Node = name
+	sb.CreatedAt, sb.LastActivity = now, now
+	rec.Sandbox = sb
+	// The one write of a create: the reservation was in memory until now.
+	if err := s.putNewRecord(context.WithoutCancel(ctx), &rec); err != nil {
+		// The index took the record in the failed transaction: back to
+		// a reservation, which undoCreate releases.
+		s.index.putCreating(&rec)
+		s.undoCreate(ctx, agent, &rec, true)
 		return nil, fmt.Errorf("recording sandbox %s: %w", spec.ID, err)
 	}
 	// The record already holds now as last activity: no second write.
@@ -98,29 +98,53 @@ func (s *ControlPlane) create(ctx context.Context, c Caller, spec *node.SandboxS
 	s.actMu.Unlock()
 	s.metrics.creations.Inc()
 	s.metrics.createSeconds.Observe(time.Since(start).Seconds())
-	return s.view(out), nil
+	return s.view(&rec), nil
+}
+
+// putNewRecord writes the record of a sandbox its node has just made.
+func (s *ControlPlane) putNewRecord(ctx context.Context, rec *sandboxRecord) error {
+	id := rec.Sandbox.ID
+	err := s.st.Update(ctx, func(tx store.Tx) error {
+		// The reservation keeps other creates off this id; this guards
+		// against a record the index does not know of.
+		var existing sandboxRecord
+		if err := tx.Get(ctx, store.BucketSandboxes, id, &existing); err == nil {
+			return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrAlreadyExists)
+		} else if !errdefs.IsNotFound(err) {
+			return err
+		}
+		if err := tx.Put(ctx, store.BucketSandboxes, id, rec); err != nil {
+			return err
+		}
+		s.index.put(rec)
+		return nil
+	})
+	return err
 }
 
 // undoCreate removes what a failed create left: the sandbox on the node
 // (unless the node refused because the id was taken there) and the
 // reservation. It runs even if the caller's context was cancelled.
-func (s *ControlPlane) undoCreate(ctx context.Context, agent node.Agent, id string, onNode bool) {
+func (s *ControlPlane) undoCreate(ctx context.Context, agent node.Agent, rec *sandboxRecord, onNode bool) {
 	ctx, cancel := s.nodeCtx(ctx)
 	defer cancel()
+	id := rec.Sandbox.ID
 	if onNode {
 		if err := ignoreNotFound(agent.DeleteSandbox(ctx, id)); err != nil {
-			// The record stays (state creating) so reconciliation retries.
+			// Recorded as dead, so it stays visible and deletable (a
+			// delete asks the node again).
 			s.log.Error("cleaning up a failed create on its node", "sandbox", id, "err", err)
-			_, _ = s.modify(ctx, id, func(r *sandboxRecord) error {
-				r.Sandbox.State, r.Sandbox.Reason = node.StateDead, "create failed and cleanup failed: "+err.Error()
-				return nil
-			})
+			dead := *rec
+			dead.Sandbox.State, dead.Sandbox.Reason = node.StateDead, "create failed and cleanup failed: "+err.Error()
+			if err := s.putNewRecord(ctx, &dead); err != nil {
+				// Not recorded: the next start adopts it from the node.
+				s.index.remove(id)
+				s.log.Error("recording a failed create", "sandbox", id, "err", err)
+			}
 			return
 		}
 	}
-	if err := s.removeRecord(ctx, id); err != nil {
-		s.log.Error("releasing the reservation of a failed create", "sandbox", id, "err", err)
-	}
+	s.index.remove(id)
 }
 
 // holdsResources says whether a sandbox in this state counts against its
@@ -135,38 +159,6 @@ type usage struct {
 	CPU         float64
 	MemoryBytes int64
 	DiskBytes   int64
-}
-
-// quotaView decodes only what quota accounting needs from a record.
-type quotaView struct {
-	Sandbox struct {
-		Spec struct {
-			Tenant      string  `json:"tenant"`
-			CPU         float64 `json:"cpu"`
-			MemoryBytes int64   `json:"memory_bytes"`
-			DiskBytes   int64   `json:"disk_bytes"`
-		} `json:"spec"`
-		State string `json:"state"`
-	} `json:"sandbox"`
-}
-
-func tenantUsage(ctx context.Context, r store.Reader, tenant string) (usage, error) {
-	var u usage
-	err := r.List(ctx, store.BucketSandboxes, "", func(_ string, v []byte) error {
-		var q quotaView
-		if err := json.Unmarshal(v, &q); err != nil {
-			return err
-		}
-		if q.Sandbox.Spec.Tenant != tenant || !holdsResources(q.Sandbox.State) {
-			return nil
-		}
-		u.Sandboxes++
-		u.CPU += q.Sandbox.Spec.CPU
-		u.MemoryBytes += q.Sandbox.Spec.MemoryBytes
-		u.DiskBytes += q.Sandbox.Spec.DiskBytes
-		return nil
-	})
-	return u, err
 }
 
 // checkQuota names the first quota the request would exceed.
@@ -189,38 +181,31 @@ func checkQuota(t *Tenant, u usage, spec node.SandboxSpec) error {
 	return nil
 }
 
-// reserve checks the tenant's quota and records the sandbox (state
-// creating) in one transaction, so concurrent creates cannot overshoot.
+// reserve checks the tenant's quota and counts the sandbox against it, in
+// memory (see sandboxIndex): concurrent creates see each other's
+// reservations and cannot overshoot, and a crash leaves nothing reserved.
 func (s *ControlPlane) reserve(ctx context.Context, rec *sandboxRecord) error {
 	spec := rec.Sandbox.Spec
-	return s.st.Update(ctx, func(tx store.Tx) error {
-		var existing sandboxRecord
-		if err := tx.Get(ctx, store.BucketSandboxes, spec.ID, &existing); err == nil {
-			return fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrAlreadyExists)
-		} else if !errdefs.IsNotFound(err) {
+	// A tenant being deleted waits for reservations already made and
+	// is then gone for later ones.
+	s.tenantMu.RLock()
+	defer s.tenantMu.RUnlock()
+	var t Tenant
+	if err := s.st.Get(ctx, store.BucketTenants, spec.Tenant, &t); err != nil {
+		switch {
+		case errdefs.IsNotFound(err) && spec.Tenant == AdminTenant:
+			t = Tenant{Name: AdminTenant, Admin: true} // before Start created it
+		case errdefs.IsNotFound(err):
+			return fmt.Errorf("tenant %q: %w", spec.Tenant, errdefs.ErrNotFound)
+		default:
 			return err
 		}
-		var t Tenant
-		if err := tx.Get(ctx, store.BucketTenants, spec.Tenant, &t); err != nil {
-			switch {
-			case errdefs.IsNotFound(err) && spec.Tenant == AdminTenant:
-				t = Tenant{Name: AdminTenant, Admin: true} // before Start created it
-			case errdefs.IsNotFound(err):
-				return fmt.Errorf("tenant %q: %w", spec.Tenant, errdefs.ErrNotFound)
-			default:
-				return err
-			}
+	}
+	return s.index.reserve(rec, func(u usage) error {
+		if t.Quota == (Quota{}) {
+			return nil
 		}
-		if t.Quota != (Quota{}) {
-			u, err := tenantUsage(ctx, tx, spec.Tenant)
-			if err != nil {
-				return err
-			}
-			if err := checkQuota(&t, u, spec); err != nil {
-				return err
-			}
-		}
-		return tx.Put(ctx, store.BucketSandboxes, spec.ID, rec)
+		return checkQuota(&t, u, spec)
 	})
 }
 
@@ -231,6 +216,16 @@ func (s *ControlPlane) place(ctx context.Context, spec node.SandboxSpec, pinned 
 	names := s.nodes.Nodes()
 	if pinned != "" {
 		names = []string{pinned}
+	}
+	if len(names) == 1 {
+		// Nothing to choose: the node's admission at create time
+		// decides, and measuring the node twice per create would cost
+		// as much as the rest of the control plane's work.
+		a, err := s.nodes.Node(names[0])
+		if err != nil {
+			return "", nil, fmt.Errorf("no node has room for this sandbox ([%s: %v]): %w", names[0], err, errdefs.ErrResourceExhausted)
+		}
+		return names[0], a, nil
 	}
 	type cand struct {
 		name  string
@@ -325,7 +320,7 @@ func (s *ControlPlane) ListSandboxes(ctx context.Context, c Caller, f ListFilter
 	default:
 		return nil, invalid("state %q: want creating, running, paused or dead", f.State)
 	}
-	recs, err := store.ListAll[sandboxRecord](ctx, s.st, store.BucketSandboxes, "")
+	recs, err := s.listRecords(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -352,6 +347,27 @@ func (s *ControlPlane) ListSandboxes(ctx context.Context, c Caller, f ListFilter
 	return out, nil
 }
 
+// listRecords lists every sandbox record and the creates in flight.
+func (s *ControlPlane) listRecords(ctx context.Context) ([]sandboxRecord, error) {
+	// In flight first: a create that commits its record meanwhile is then
+	// listed twice (once below) rather than not at all.
+	creating := s.index.allCreating()
+	recs, err := store.ListAll[sandboxRecord](ctx, s.st, store.BucketSandboxes, "")
+	if err != nil || len(creating) == 0 {
+		return recs, err
+	}
+	stored := make(map[string]bool, len(recs))
+	for i := range recs {
+		stored[recs[i].Sandbox.ID] = true
+	}
+	for _, r := range creating {
+		if !stored[r.Sandbox.ID] {
+			recs = append(recs, r)
+		}
+	}
+	return recs, nil
+}
+
 // DeleteSandbox implements Service.
 func (s *ControlPlane) DeleteSandbox(ctx context.Context, c Caller, id string) (err error) {
 	defer s.done(c, "DeleteSandbox", &id, &err)
@@ -368,10 +384,13 @@ func (s *ControlPlane) destroy(ctx context.Context, id, reason string) error {
 	defer unlock()
 	var rec sandboxRecord
 	if err := s.st.Get(ctx, store.BucketSandboxes, id, &rec); err != nil {
-		if errdefs.IsNotFound(err) {
+		if !errdefs.IsNotFound(err) {
+			return err
+		}
+		if _, ok := s.index.creating(id); !ok {
 			return notFound(id)
 		}
-		return err
+		rec.Sandbox.State = node.StateCreating
 	}
 	if rec.Sandbox.State == node.StateCreating {
 		return fmt.Errorf("sandbox %s is still being created: %w", id, errdefs.ErrFailedPrecondition)

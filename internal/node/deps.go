@@ -71,3 +71,10 @@ type Admission interface {
 	Admit(ctx context.Context, shape SandboxSpec) error
 	Capacity(ctx context.Context, shape SandboxSpec) (*Capacity, error)
 }
+
+// OrphanReaper removes everything the runtime made for a sandbox the agent
+// has no record of (processes, cgroup, the directory dir), knowing only its
+// id and directory: a create or delete cut short by a crash of the server.
+type OrphanReaper interface {
+	ReapOrphan(ctx context.Context, id, dir string) error
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -56,6 +57,9 @@ type Deps struct {
 	Files     FileRootOpener
 	Admission Admission
 	Stats     *StatsSampler
+	// Orphans removes what the runtime left of a sandbox without a
+	// record; nil leaves such directories alone.
+	Orphans OrphanReaper
 }
 
 // Local is the Agent of the host it runs on.
@@ -84,11 +88,15 @@ type sandbox struct {
 	resident atomic.Pointer[Resident]
 }
 
-// Resident is what node-level policy (admission) needs of a sandbox.
+// Resident is what node-level policy (admission, CPU sampling) needs of a
+// sandbox.
 type Resident struct {
 	ID    string
 	State string
 	CPU   float64 // requested cores
+	QoS   string
+	// Cgroup is the runtime's cgroup of the sandbox ("" until created).
+	Cgroup string
 }
 
 // Residents lists the node's sandboxes as last recorded, without waiting
@@ -96,20 +104,29 @@ type Resident struct {
 // one sandbox does not queue behind the creates in flight.
 func (l *Local) Residents() []Resident {
 	l.mu.RLock()
-	defer l.mu.RUnlock()
 	out := make([]Resident, 0, len(l.sbs))
+	l.mu.RUnlock()
+	l.EachResident(func(r Resident) { out = append(out, r) })
+	return out
+}
+
+// EachResident calls fn with what Residents would list, one sandbox at a
+// time, without building the list: admission reads every sandbox on each
+// create. fn runs under the agent's lock and must not call the agent.
+func (l *Local) EachResident(fn func(Resident)) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
 	for id, sb := range l.sbs {
 		switch r := sb.resident.Load(); {
 		case r != nil:
-			out = append(out, *r)
+			fn(*r)
 		case sb.mu.TryLock(): // a record adopted as dead and never persisted since
-			out = append(out, Resident{ID: id, State: sb.rec.State, CPU: sb.rec.Spec.CPU})
+			fn(sb.residentView())
 			sb.mu.Unlock()
 		default:
-			out = append(out, Resident{ID: id, State: StateCreating})
+			fn(Resident{ID: id, State: StateCreating})
 		}
 	}
-	return out
 }
 
 type execEntry struct {
@@ -208,6 +225,7 @@ func (l *Local) recover(ctx context.Context) error {
 		l.sbs[rec.ID] = sb
 		l.log.Info("node: adopted sandbox", "id", rec.ID, "state", sb.rec.State)
 	}
+	l.reapOrphans(ctx)
 	live := make([]string, 0, len(l.sbs))
 	for id, sb := range l.sbs {
 		if sb.rec.State == StateRunning || sb.rec.State == StatePaused {
@@ -220,9 +238,49 @@ func (l *Local) recover(ctx context.Context) error {
 	return nil
 }
 
+// reapOrphans removes the sandboxes whose directory exists without a
+// record: a create cut short between the runtime's work and the record's
+// write, or a delete after it removed the record. Their processes,
+// cgroups and directories would otherwise outlive every server unseen.
+// Runs in recover, after every record was adopted, before anything else
+// can create a sandbox.
+func (l *Local) reapOrphans(ctx context.Context) {
+	if l.deps.Orphans == nil {
+		return
+	}
+	ents, err := os.ReadDir(l.sandboxesDir())
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			l.log.Warn("node: list sandbox directories", "err", err)
+		}
+		return
+	}
+	for _, e := range ents {
+		id := e.Name()
+		if !e.IsDir() || !validID(id) || l.sbs[id] != nil {
+			continue
+		}
+		if _, err := os.Lstat(l.metaPath(id)); err == nil {
+			continue // an unreadable record, kept aside with its sandbox
+		}
+		dir := filepath.Join(l.sandboxesDir(), id)
+		if err := l.deps.Orphans.ReapOrphan(ctx, id, dir); err != nil {
+			l.log.Error("node: removing a sandbox without a record", "id", id, "dir", dir, "err", err)
+			continue
+		}
+		l.log.Warn("node: removed a sandbox without a record (a create or delete cut short)", "id", id)
+	}
+}
+
 // publish updates the lock-free view Residents reads. sb.mu held.
 func (sb *sandbox) publish() {
-	sb.resident.Store(&Resident{ID: sb.rec.ID, State: sb.rec.State, CPU: sb.rec.Spec.CPU})
+	r := sb.residentView()
+	sb.resident.Store(&r)
+}
+
+// residentView is rec's resource view. sb.mu held.
+func (sb *sandbox) residentView() Resident {
+	return Resident{ID: sb.rec.ID, State: sb.rec.State, CPU: sb.rec.Spec.CPU, QoS: sb.rec.Spec.QoS, Cgroup: sb.rec.Runtime.Cgroup}
 }
 
 func (l *Local) persist(sb *sandbox) error {
@@ -473,11 +531,11 @@ func (l *Local) acquireLayers(ctx context.Context, sb *sandbox) ([]string, error
 	return lower, nil
 }
 
-// create runs with sb.mu held.
+// create runs with sb.mu held. The sandbox's record is written once, when
+// it runs: a crash before that leaves a sandbox directory without a record,
+// which the next start removes (reapOrphans).
 func (l *Local) create(ctx context.Context, sb *sandbox) error {
-	if err := l.persist(sb); err != nil {
-		return err
-	}
+	sb.publish()
 	spec := sb.rec.Spec
 	lower, err := l.acquireLayers(ctx, sb)
 	if err != nil {
@@ -523,10 +581,18 @@ func (l *Local) create(ctx context.Context, sb *sandbox) error {
 }
 
 // destroy runs with sb.mu held (or on a sandbox nobody else can see yet).
+// The record goes first: should the server stop half-way, the next start
+// finds the sandbox's directory without a record and finishes the removal
+// (reapOrphans).
 func (l *Local) destroy(ctx context.Context, sb *sandbox) error {
 	id := sb.rec.ID
 	sb.rec.State = StateDeleted
-	_ = l.persist(sb)
+	sb.publish()
+	if err := os.Remove(l.metaPath(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		// Deleting goes on: a record left behind is adopted as dead
+		// after a restart, visible and deletable.
+		l.log.Warn("node: remove sandbox record", "id", id, "err", err)
+	}
 	for _, e := range sb.execs {
 		if e.exec != nil {
 			_ = e.exec.Signal(syscall.SIGKILL)
@@ -557,7 +623,6 @@ func (l *Local) destroy(ctx context.Context, sb *sandbox) error {
 		l.deps.Stats.Forget(id)
 	}
 	if len(errs) == 0 {
-		_ = os.Remove(l.metaPath(id))
 		l.mu.Lock()
 		delete(l.sbs, id)
 		l.mu.Unlock()

@@ -54,6 +54,12 @@ type Store interface {
 	// all of its writes land or, when fn (or the commit) fails, none.
 	// Concurrent Updates behave as if run one after the other, so a
 	// check-then-write inside fn cannot race with another Update.
+	//
+	// fn may run more than once: a backend may commit concurrent updates
+	// together and run them again when one of them fails. So fn must
+	// leave no effect outside tx but idempotent ones (setting a variable
+	// of the caller, not appending to it), and only a nil return of
+	// Update says that what its last run did was committed.
 	Update(ctx context.Context, fn func(tx Tx) error) error
 	Close() error
 }

@@ -226,3 +226,57 @@ func TestServerKilledAndRestartedAdoptsSandboxes(t *testing.T) {
 		t.Fatalf("deleting a dead sandbox left its directory %s: %v", dead.Runtime.Dir, err)
 	}
 }
+
+// A server killed between the runtime's create and the node's record of a
+// sandbox (the record is written once, when the sandbox runs) leaves a
+// sandbox directory, cgroups and processes without a record: the next
+// start removes them, and the control plane reports the sandbox dead.
+func TestRestartRemovesSandboxWithoutNodeRecord(t *testing.T) {
+	s := startServer(t)
+	s.importTestImage("busybox:1")
+	ctx := context.Background()
+	c := s.client()
+	kept, err := c.CreateSandbox(ctx, client.SandboxSpec{Image: "busybox:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut, err := c.CreateSandbox(ctx, client.SandboxSpec{Image: "busybox:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.kill()
+	if err := os.Remove(filepath.Join(s.dataDir, "node", "meta", cut.ID+".json")); err != nil {
+		t.Fatal(err)
+	}
+	s.start()
+	c = s.client()
+
+	// Killed; it may stay a zombie until the host's init reaps it (and
+	// its pid may be someone else's by then: the start time tells).
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(cut.Runtime.Pid) + "/stat"); err == nil {
+		f := strings.Fields(string(b)[strings.LastIndexByte(string(b), ')')+2:])
+		if len(f) > 19 && f[0] != "Z" && f[0] != "X" && f[19] == strconv.FormatUint(cut.Runtime.PidStart, 10) {
+			t.Fatalf("the init (pid %d) of the sandbox without a record still runs: %s", cut.Runtime.Pid, b)
+		}
+	}
+	if left := sandboxCgroupsLeft(t, cut.ID); len(left) > 0 {
+		t.Fatalf("cgroups of the sandbox without a record left: %v", left)
+	}
+	if _, err := os.Stat(cut.Runtime.Dir); !os.IsNotExist(err) {
+		t.Fatalf("directory of the sandbox without a record left: %s: %v", cut.Runtime.Dir, err)
+	}
+	got, err := c.GetSandbox(ctx, cut.ID)
+	if err != nil || got.State != "dead" || got.Reason == "" {
+		t.Fatalf("sandbox without a node record: %+v %v, want dead with a reason", got, err)
+	}
+	if err := c.DeleteSandbox(ctx, cut.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.GetSandbox(ctx, kept.ID); err != nil || got.State != "running" {
+		t.Fatalf("the other sandbox after the restart: %+v %v", got, err)
+	}
+	var out bytes.Buffer
+	if res, err := c.Exec(ctx, client.ExecRequest{SandboxID: kept.ID, Args: []string{"true"}}, nil, &out, &out); err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec in the other sandbox: %v %+v %s", err, res, out.String())
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
@@ -23,9 +25,34 @@ const DefaultFile = "state.db"
 var _ store.Store = (*Store)(nil)
 
 // Store is a bbolt-backed store.Store.
+//
+// Writes are group-committed: one goroutine commits them, and every Update
+// that arrives while a commit is in flight joins the next one, so that
+// concurrent writers (creates and deletes of sandboxes) share one fsync
+// instead of queueing for one each. An update waits for no timer: alone,
+// it is committed at once. The functions of one commit run one after the
+// other in one bbolt transaction; when one fails, the transaction is rolled
+// back, that update fails alone with its error and the others run again
+// without it (which is why store.Update's fn may run more than once).
 type Store struct {
 	db *bbolt.DB
+
+	mu      sync.Mutex
+	queue   []*update     // waiting for the next commit
+	wake    chan struct{} // a token: the queue has work
+	closed  bool
+	stopped chan struct{} // closed when the committer has exited
 }
+
+// update is one Update waiting for its commit.
+type update struct {
+	ctx  context.Context
+	fn   func(store.Tx) error
+	done chan error
+}
+
+// errMemberFailed rolls back a group commit when one of its updates fails.
+var errMemberFailed = errors.New("store: an update of the group failed")
 
 type config struct {
 	lockTimeout time.Duration
@@ -60,11 +87,91 @@ func Open(path string, opts ...Opt) (*Store, error) {
 		}
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	st := &Store{db: db, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+	go st.commitLoop()
+	return st, nil
 }
 
-// Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+// Close commits the updates already queued and closes the database.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return s.db.Close()
+	}
+	s.closed = true
+	close(s.wake)
+	s.mu.Unlock()
+	<-s.stopped
+	return s.db.Close()
+}
+
+// commitLoop commits the queued updates, all of those queued at a time in
+// one transaction, until Close.
+func (s *Store) commitLoop() {
+	defer close(s.stopped)
+	for range s.wake {
+		for {
+			s.mu.Lock()
+			batch := s.queue
+			s.queue = nil
+			s.mu.Unlock()
+			if len(batch) == 0 {
+				break
+			}
+			s.commit(batch)
+		}
+	}
+}
+
+// commit runs batch in one transaction and tells each update its result.
+func (s *Store) commit(batch []*update) {
+	for len(batch) > 0 {
+		failed, failure := -1, error(nil)
+		err := s.db.Update(func(tx *bbolt.Tx) error {
+			for i, u := range batch {
+				err := u.ctx.Err()
+				if err == nil {
+					t := &boltTx{tx: tx}
+					err = u.fn(t)
+					t.done = true
+				}
+				if err != nil {
+					failed, failure = i, err
+					return errMemberFailed
+				}
+			}
+			return nil
+		})
+		if failed < 0 {
+			for _, u := range batch {
+				u.done <- err // nil, or the commit's error for all
+			}
+			return
+		}
+		// Its writes, and those before it, are rolled back: it fails,
+		// the rest run again.
+		batch[failed].done <- failure
+		batch = slices.Delete(batch, failed, failed+1)
+	}
+}
+
+// enqueue hands fn to the committer and waits for its commit.
+func (s *Store) enqueue(ctx context.Context, fn func(store.Tx) error) error {
+	u := &update{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return fmt.Errorf("store: %w", berrors.ErrDatabaseNotOpen)
+	}
+	s.queue = append(s.queue, u)
+	select {
+	case s.wake <- struct{}{}:
+	default: // a token is pending already
+	}
+	s.mu.Unlock()
+	return <-u.done
+}
 
 // Get implements store.Reader.
 func (s *Store) Get(ctx context.Context, bucket, key string, v any) error {
@@ -91,7 +198,7 @@ func (s *Store) Put(ctx context.Context, bucket, key string, v any) error {
 	if err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bbolt.Tx) error { return put(tx, bucket, key, b) })
+	return s.enqueue(ctx, func(t store.Tx) error { return put(t.(*boltTx).tx, bucket, key, b) })
 }
 
 // Delete implements store.Writer.
@@ -99,19 +206,15 @@ func (s *Store) Delete(ctx context.Context, bucket, key string) error {
 	if err := precheck(ctx, bucket, key); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bbolt.Tx) error { return del(tx, bucket, key) })
+	return s.enqueue(ctx, func(t store.Tx) error { return del(t.(*boltTx).tx, bucket, key) })
 }
 
-// Update implements store.Store.
+// Update implements store.Store. fn may run more than once (see Store).
 func (s *Store) Update(ctx context.Context, fn func(store.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bbolt.Tx) error {
-		t := &boltTx{tx: tx}
-		defer func() { t.done = true }()
-		return fn(t)
-	})
+	return s.enqueue(ctx, fn)
 }
 
 type boltTx struct {
