@@ -37,7 +37,8 @@ if [ -f "$LIMITS/sbx.c" ]; then
   cp "$work/pause" "$work/refroot/sbin/pause"
   echo "Raw C reference: \`sbx -n $N -p 2 -F\` (same run):"
   echo '```'
-  "$work/sbx" -n "$N" -p 2 -r "$work/refroot" -d "$work/refrun" -F 2>&1 | tail -n 25
+  # sbx writes run.pids and slab.* into its working directory.
+  (cd "$work" && ./sbx -n "$N" -p 2 -r "$work/refroot" -d "$work/refrun" -F 2>&1 | tail -n 25)
   echo '```'
 else
   echo "(no $LIMITS/sbx.c: raw reference skipped)"
@@ -62,6 +63,6 @@ if [ -x "$work/sbx" ]; then
   # later create on this kernel, so the reference density must come last.
   echo "Raw C reference density: \`sbx -n $DN -p 2 -F -H 5\` (same run):"
   echo '```'
-  "$work/sbx" -n "$DN" -p 2 -r "$work/refroot" -d "$work/refrun" -F -H 5 -q 2>&1 | grep -E "MemAvailable drop|init process|=>"
+  (cd "$work" && ./sbx -n "$DN" -p 2 -r "$work/refroot" -d "$work/refrun" -F -H 5 -q 2>&1 | grep -E "MemAvailable drop|init process|=>")
   echo '```'
 fi
