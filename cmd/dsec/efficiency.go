@@ -100,7 +100,7 @@ func newEfficiency(ctx context.Context, o *serveOptions, cg cgroups.Manager, log
 		log: log, cg: cg, stats: stats, idleAfter: o.reclaimIdle,
 		features: map[string]string{}, groups: map[string]cgroups.Group{}, lastBusy: map[string]time.Time{},
 	}
-	e.adm = &admission{stats: stats, policy: policy, cpus: float64(numCPU()), dataDir: o.sandboxesDir,
+	e.adm = &admission{stats: stats, policy: policy, cpus: float64(numCPU()), diskDir: o.sandboxesDir,
 		meminfo: "/proc/meminfo", pending: map[string]pendingAdmission{}}
 
 	e.taskSchedIdle = cg.Version() == 1 && !fileExists("/sys/fs/cgroup/cpu/cpu.idle")
@@ -398,7 +398,7 @@ type admission struct {
 	stats   *node.StatsSampler
 	policy  scheduler.Policy
 	cpus    float64
-	dataDir string
+	diskDir string // where sandboxes' private layers live (disk use and capacity)
 	meminfo string
 
 	// mu serialises admissions, so concurrent creates see each other.
@@ -471,7 +471,7 @@ func (a *admission) readHost() (hostReading, error) {
 	h := hostReading{at: now, mem: mem}
 	h.pidsMax, h.pidsUsed = pidsOfHost()
 	var fs unix.Statfs_t
-	if a.dataDir != "" && unix.Statfs(a.dataDir, &fs) == nil {
+	if a.diskDir != "" && unix.Statfs(a.diskDir, &fs) == nil {
 		h.diskTotal = int64(fs.Blocks) * fs.Bsize
 		h.diskUsed = int64(fs.Blocks-fs.Bavail) * fs.Bsize
 	}

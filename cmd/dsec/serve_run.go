@@ -171,7 +171,7 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 	}, node.Deps{
 		Runtime: rt, Images: imgs, Layers: newLayerLeases(ld), Committer: imgs, Network: netw,
 		Files: sandboxfs.Opener(), Stats: eff.stats, Admission: eff.adm,
-		Orphans: orphanReaper{rt: rt, cgroupParent: sandboxCgroupParent},
+		Orphans: rt,
 	}, log.With("component", "node"))
 	if err != nil {
 		return err

@@ -18,7 +18,6 @@ import (
 	"github.com/dsec-dev/dsec/internal/layerd"
 	"github.com/dsec-dev/dsec/internal/netpolicy"
 	"github.com/dsec-dev/dsec/internal/node"
-	"github.com/dsec-dev/dsec/internal/runtime"
 )
 
 // layerLeases is node.LayerProvider over the layer daemon. The daemon
@@ -160,17 +159,6 @@ func (l *layerLeases) Sync(ctx context.Context, live []string) error {
 	}
 	_, err := l.c.Sync(ctx, held)
 	return err
-}
-
-// orphanReaper is node.OrphanReaper over the runtime, which names a
-// sandbox's cgroup after its id below cgroupParent.
-type orphanReaper struct {
-	rt           *runtime.NamespaceRuntime
-	cgroupParent string
-}
-
-func (o orphanReaper) ReapOrphan(ctx context.Context, id, dir string) error {
-	return o.rt.Reap(ctx, runtime.State{ID: id, Dir: dir, Cgroup: o.cgroupParent + "/" + id})
 }
 
 // images adapts image.Store to the node's and the control plane's roles.

@@ -117,23 +117,13 @@ func Prepare(ctx context.Context, dir string, lower []string, diskBytes int64, d
 		if err := sv.Create(private, diskBytes); err != nil {
 			return nil, err
 		}
-		l.Overlay.Upper = filepath.Join(private, UpperName)
-		l.Overlay.Work = filepath.Join(private, WorkName)
-		if err := os.Mkdir(l.Overlay.Upper, 0o755); err != nil {
-			return nil, err
-		}
-		if err := os.Mkdir(l.Overlay.Work, 0o700); err != nil {
+		if err := l.Overlay.makeUpperWork(private); err != nil {
 			return nil, err
 		}
 		return l, nil
 	}
 	if diskBytes == 0 {
-		l.Overlay.Upper = filepath.Join(dir, UpperName)
-		l.Overlay.Work = filepath.Join(dir, WorkName)
-		if err := os.Mkdir(l.Overlay.Upper, 0o755); err != nil {
-			return nil, err
-		}
-		if err := os.Mkdir(l.Overlay.Work, 0o700); err != nil {
+		if err := l.Overlay.makeUpperWork(dir); err != nil {
 			return nil, err
 		}
 		return l, nil
@@ -154,6 +144,16 @@ func Prepare(ctx context.Context, dir string, lower []string, diskBytes int64, d
 	}
 	l.Disk = d
 	return l, nil
+}
+
+// makeUpperWork creates the upper and work dirs in parent.
+func (o *Overlay) makeUpperWork(parent string) error {
+	o.Upper = filepath.Join(parent, UpperName)
+	o.Work = filepath.Join(parent, WorkName)
+	if err := os.Mkdir(o.Upper, 0o755); err != nil {
+		return err
+	}
+	return os.Mkdir(o.Work, 0o700)
 }
 
 // Release drops the layout's hold on its loop device. The device then goes

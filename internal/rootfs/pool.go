@@ -1,6 +1,7 @@
 package rootfs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -191,6 +192,13 @@ func (p *DiskPool) template(ctx context.Context, size int64) (string, error) {
 // with it), no reserved blocks (the limit is exact, also for root), and no
 // inode table zeroing (a new sparse file reads as zeros).
 func mkfsImage(ctx context.Context, mkfs string, size int64, dst string) error {
+	return makeSparseImage(ctx, dst, size, mkfs, "-q", "-F", "-O", "^has_journal", "-m", "0",
+		"-E", "nodiscard,assume_storage_prezeroed=1")
+}
+
+// makeSparseImage writes a sparse file of size to dst and formats it with
+// mkfs args... FILE, atomically: dst appears only once formatted.
+func makeSparseImage(ctx context.Context, dst string, size int64, mkfs string, args ...string) error {
 	tmp := dst + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -201,10 +209,9 @@ func mkfsImage(ctx context.Context, mkfs string, size int64, dst string) error {
 		err = cerr
 	}
 	if err == nil {
-		cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-O", "^has_journal", "-m", "0",
-			"-E", "nodiscard,assume_storage_prezeroed=1", tmp)
+		cmd := exec.CommandContext(ctx, mkfs, append(args, tmp)...)
 		if out, cerr := cmd.CombinedOutput(); cerr != nil {
-			err = fmt.Errorf("mkfs.ext4: %v: %s", cerr, out)
+			err = fmt.Errorf("%s: %v: %s", filepath.Base(mkfs), cerr, bytes.TrimSpace(out))
 		}
 	}
 	if err == nil {

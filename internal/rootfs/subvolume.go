@@ -237,30 +237,9 @@ func makeBtrfsImage(ctx context.Context, o SubvolumeOptions) error {
 	if size < MinSubvolumeImageBytes {
 		return fmt.Errorf("node image size %d is below the minimum of %d: %w", size, MinSubvolumeImageBytes, errdefs.ErrInvalidArgument)
 	}
-	tmp := o.Image + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	err = f.Truncate(size)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		// single profiles: one device, nothing to mirror; metadata DUP
-		// would only double the metadata written.
-		cmd := exec.CommandContext(ctx, mkfs, "-q", "-f", "-m", "single", "-d", "single", tmp)
-		if out, cerr := cmd.CombinedOutput(); cerr != nil {
-			err = fmt.Errorf("mkfs.btrfs: %v: %s", cerr, bytes.TrimSpace(out))
-		}
-	}
-	if err == nil {
-		err = os.Rename(tmp, o.Image)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-	}
-	return err
+	// single profiles: one device, nothing to mirror; metadata DUP would
+	// only double the metadata written.
+	return makeSparseImage(ctx, o.Image, size, mkfs, "-q", "-f", "-m", "single", "-d", "single")
 }
 
 // enableQuotas turns on simple quotas unless some quota mode is on.

@@ -288,7 +288,7 @@ func (r *NamespaceRuntime) Create(ctx context.Context, spec Spec) (_ *State, err
 	if err != nil {
 		return nil, err
 	}
-	sb.group, err = r.cg.New(ctx, r.cgroupParent+"/"+spec.ID, spec.Resources)
+	sb.group, err = r.cg.New(ctx, r.cgroupName(spec.ID), spec.Resources)
 	if err != nil {
 		return nil, fmt.Errorf("create cgroup: %w", err)
 	}
@@ -620,6 +620,15 @@ func (r *NamespaceRuntime) Reap(ctx context.Context, st State) error {
 	}
 	return nil
 }
+
+// ReapOrphan is Reap for a sandbox known only by its id and directory (a
+// create cut short before its State was recorded): its cgroup is the one
+// Create names after the id.
+func (r *NamespaceRuntime) ReapOrphan(ctx context.Context, id, dir string) error {
+	return r.Reap(ctx, State{ID: id, Dir: dir, Cgroup: r.cgroupName(id)})
+}
+
+func (r *NamespaceRuntime) cgroupName(id string) string { return r.cgroupParent + "/" + id }
 
 // Adopt takes over a sandbox from a State persisted by an earlier server.
 func (r *NamespaceRuntime) Adopt(ctx context.Context, st State) error {
