@@ -108,13 +108,17 @@ type SandboxStats struct {
 	MemorySwappedBytes     int64   `json:"memory_swapped_bytes"`
 	// MemoryReusableBytes: of held, clean page cache the host could take
 	// back now; MemoryCompressedBytes: the group's zswap pool size (v2).
-	MemoryReusableBytes   int64   `json:"memory_reusable_bytes"`
-	MemoryCompressedBytes int64   `json:"memory_compressed_bytes,omitempty"`
-	PidsCurrent           int64   `json:"pids_current"`
-	DiskUsedBytes         int64   `json:"disk_used_bytes"`
-	OOMKills              int64   `json:"oom_kills"`
-	MemoryPressureAvg10   float64 `json:"memory_pressure_avg10,omitempty"`
-	CPUPressureAvg10      float64 `json:"cpu_pressure_avg10,omitempty"`
+	MemoryReusableBytes   int64 `json:"memory_reusable_bytes"`
+	MemoryCompressedBytes int64 `json:"memory_compressed_bytes,omitempty"`
+	PidsCurrent           int64 `json:"pids_current"`
+	// DiskUsedBytes is the private layer's size. With btrfs subvolumes
+	// (the default) it is the quota's count, which includes a write once
+	// btrfs commits it (every 30 s at most); the limit itself applies at
+	// once.
+	DiskUsedBytes       int64   `json:"disk_used_bytes"`
+	OOMKills            int64   `json:"oom_kills"`
+	MemoryPressureAvg10 float64 `json:"memory_pressure_avg10,omitempty"`
+	CPUPressureAvg10    float64 `json:"cpu_pressure_avg10,omitempty"`
 }
 
 // ExecRequest runs one process in a sandbox.
