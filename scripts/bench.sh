@@ -4,6 +4,8 @@
 # the same namespaces, overlay, cgroups and a static init, and nothing else).
 # Output: a markdown block to paste into docs/perf.md with the figures.
 #   BENCH_N=300 BENCH_DENSITY_N=1000 scripts/bench.sh
+# BENCH_SHRINK_SLABS=0 keeps the slab caches as they are before the density
+# runs (default: empty slab pages are freed first, see shrink_slabs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${BENCH_N:-300}
@@ -57,8 +59,18 @@ run() { echo "\`dsec $*\`:"; echo '```'; "$BIN" "$@"; echo '```'; }
 run bench create --n "$N" --parallel 2 --image bench:1 --json
 run bench exec --n "$((N * 2))" --parallel 1 --image bench:1 --json
 run bench exec --n "$((N * 2))" --parallel 2 --image bench:1 --json
+# Free slab pages that earlier runs left empty: the kernel objects of new
+# sandboxes (memory cgroups' shrinker slots above all) otherwise reuse them
+# without lowering MemAvailable, and the figure depends on the host's history.
+shrink_slabs() {
+  sync
+  echo 3 >/proc/sys/vm/drop_caches
+  for f in /sys/kernel/slab/*/shrink; do echo 1 >"$f" 2>/dev/null || true; done
+}
+if [ "${BENCH_SHRINK_SLABS:-1}" = 1 ]; then shrink_slabs; fi
 run bench density --n "$DN" --parallel 2 --image bench:1 --json
 if [ -x "$work/sbx" ]; then
+  if [ "${BENCH_SHRINK_SLABS:-1}" = 1 ]; then shrink_slabs; fi
   # After dsec's runs: thousands of destroyed memory cgroups slow every
   # later create on this kernel, so the reference density must come last.
   echo "Raw C reference density: \`sbx -n $DN -p 2 -F -H 5\` (same run):"

@@ -107,6 +107,7 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 		runtime.WithCgroupParent(sandboxCgroupParent),
 		runtime.WithDiskPool(pool),
 		runtime.WithSubvolumes(subvols),
+		runtime.WithSharedSysfs(filepath.Join(o.dataDir, "node", "sysfs")),
 		runtime.WithSeccomp(func(s runtime.Spec) ([]unix.SockFilter, error) {
 			f, err := seccomp.DefaultFilter(seccomp.Options{AllowUserNS: s.AllowUserNS})
 			return f, err
@@ -115,6 +116,13 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 	if err != nil {
 		return err
 	}
+	// Sandboxes keep running; this unmounts the node's shared sysfs (they
+	// hold their own bind mounts of it).
+	defer func() {
+		if err := rt.Close(); err != nil {
+			log.Warn("closing the runtime", "err", err)
+		}
+	}()
 	blobs, err := openBlobStore(ctx, o.store, o.dataDir)
 	if err != nil {
 		return err

@@ -555,6 +555,8 @@ func (l *Local) create(ctx context.Context, sb *sandbox) error {
 		Resources:   res,
 		DiskBytes:   spec.DiskBytes,
 		AllowUserNS: spec.AllowUserNS,
+		// Its link to the host is added below; /sys must show it.
+		OwnSysfs: len(spec.Network.Allow) > 0,
 	})
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)

@@ -82,11 +82,24 @@ func (l *Local) StartExec(ctx context.Context, req ExecRequest, pio runtime.IO) 
 		sb.rec.LastActivity = time.Now()
 		info := ent.info
 		sb.mu.Unlock()
-		l.saveExec(&info)
+		// Waiters first: they read the result from memory, and until the
+		// record is rewritten a restarted server reads it from the
+		// runtime's result file (see loadExec).
 		close(ent.done)
+		l.updateExec(&info)
 	}()
 	info := ent.info
 	return &info, nil
+}
+
+// updateExec rewrites the record of an exec saved before, unless its
+// sandbox's records are gone (deleted meanwhile: nothing is recreated).
+func (l *Local) updateExec(info *ExecInfo) {
+	p := filepath.Join(l.execDir(info.SandboxID), info.ExecID+".json")
+	b, _ := json.Marshal(info)
+	if err := os.WriteFile(p+".tmp", b, 0o600); err == nil {
+		_ = os.Rename(p+".tmp", p)
+	}
 }
 
 func (l *Local) saveExec(info *ExecInfo) {

@@ -13,6 +13,28 @@
 // private memory for its init instead of ~1 MB for a Go init, and an exec
 // does not pay the Go runtime's start-up.
 //
+// Spawner: shims are forked, not exec'd. The runtime starts one spawner
+// lazily (the binary again, _DSEC_SHIM=spawner: a C loop in the same
+// constructor) in its own session with a SOCK_SEQPACKET socket as fd 3, and
+// asks it for every init and exec shim: a request carries the mode, the
+// clone flags and the shim's descriptors (SCM_RIGHTS, in fd order); the
+// spawner clone3s (CLONE_PIDFD and the namespaces) and answers with the pid
+// and the pidfd, which the runtime holds as it held its own children's. The
+// child resets its signal dispositions and mask, calls setsid, moves the
+// descriptors to 0..5, closes the rest and runs the mode as an exec'd shim
+// would. A fork of the started C process skips the exec of the 25 MB binary,
+// its page faults and static glibc's start-up (CPU feature and cache
+// detection: dozens of CPUID exits on a VM, ~0.9 ms per shim), and an idle
+// init shares most of its pages with the spawner. The child runs only once
+// the spawner has sent the reply, so a request the spawner died on started
+// nothing: it is repeated once on a new spawner, and if none works startShim
+// forks and execs the shim itself (logged once). The spawner reaps its
+// children (the runtime waits on pidfds and never sees their exit status)
+// and exits when its socket closes (Close, or the server dies); inits and
+// exec shims outlive it as they outlive the server. Its argv ("dsec") is
+// exactly as long as "init" and "exec", which a child writes over it, so the
+// sandbox's /proc/1/cmdline reads "init".
+//
 // Create: rootfs.Prepare makes the sandbox dir (upper and work, or a disk
 // image on a loop device), the cgroup is created, and the init is started
 // with clone flags NEWNS|NEWPID|NEWUTS|NEWIPC (+NEWNET unless a prepared
@@ -26,7 +48,8 @@
 // non-dumpable, installs the seccomp filter, wipes its environment, closes
 // every inherited descriptor and reports ready. Then it only reaps.
 //
-// Exec: an exec shim is started with the init's pidfd. It joins the
+// Exec: an exec shim is started (forked by the spawner) with the init's
+// pidfd. It joins the
 // sandbox's cgroup and pid namespace, forks the process (which joins the
 // other namespaces, switches user, drops capabilities and installs seccomp
 // last), and pumps stdout and stderr both to the server and into capped

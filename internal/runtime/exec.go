@@ -234,7 +234,7 @@ func (r *NamespaceRuntime) Start(ctx context.Context, id string, p Process, pio 
 	var st *started
 	var status *os.File
 	cerr := sb.init.control(func(pidfd int) {
-		st, status, err = r.startShim(shim.ModeExec, []string{"exec"}, c.Bytes(), 0, stdio, pidfd)
+		st, status, err = r.startShim(ctx, shim.ModeExec, c.Bytes(), 0, stdio, pidfd)
 	})
 	if cerr != nil {
 		err = cerr
@@ -293,7 +293,12 @@ func (r *NamespaceRuntime) Start(ctx context.Context, id string, p Process, pio 
 func (e *nsExec) finish() {
 	defer close(e.done)
 	_ = e.shim.wait(context.Background())
-	ws, _ := e.shim.reap()
+	// A shim started by the spawner is the spawner's child: its status is
+	// not ours to collect.
+	how := "ended"
+	if ws, ok := e.shim.reap(); ok {
+		how = fmt.Sprintf("exit status %v", ws)
+	}
 	_ = e.shim.close()
 	e.copies.Wait()
 	if e.stdin != nil {
@@ -304,7 +309,7 @@ func (e *nsExec) finish() {
 	case err != nil:
 		e.err = err
 	case !done:
-		e.err = fmt.Errorf("exec %s ended without a result (shim %v; sandbox destroyed?): %w", e.id, ws, errdefs.ErrUnavailable)
+		e.err = fmt.Errorf("exec %s ended without a result (shim %s; sandbox destroyed?): %w", e.id, how, errdefs.ErrUnavailable)
 	default:
 		e.res = res
 	}
@@ -359,7 +364,7 @@ func (r *NamespaceRuntime) ExecResult(id, execID string) (*ExecResult, bool, err
 	var pid int
 	var start uint64
 	if _, err := fmt.Sscanf(string(b), "running %d %d", &pid, &start); err == nil {
-		if got, err := procStartTime(pid); err != nil || got != start {
+		if !procRunning(pid, start) {
 			// It may have written the result just before exiting.
 			if res, done, err := readResult(dir, execID); err != nil || done {
 				return res, done, err

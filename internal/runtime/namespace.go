@@ -53,6 +53,21 @@ func WithShimPath(p string) Option {
 	return func(r *NamespaceRuntime) error { r.shimPath = p; return nil }
 }
 
+// WithSharedSysfs makes sandboxes with a loopback-only network namespace
+// bind one read-only sysfs, mounted in dir (a private directory of the
+// node's) on first use and unmounted by Close if no sandbox is left,
+// instead of mounting their own (see sharedSysfs). Without it each sandbox
+// mounts its own sysfs.
+func WithSharedSysfs(dir string) Option {
+	return func(r *NamespaceRuntime) error {
+		if !filepath.IsAbs(dir) {
+			return fmt.Errorf("shared sysfs dir %q is not absolute: %w", dir, errdefs.ErrInvalidArgument)
+		}
+		r.sysfs = &sharedSysfs{dir: dir}
+		return nil
+	}
+}
+
 // WithCgroupParent sets the cgroup under which sandboxes get their group
 // (default "dsec/sandboxes").
 func WithCgroupParent(name string) Option {
@@ -70,8 +85,10 @@ func WithCapabilities(mask uint64) Option {
 	return func(r *NamespaceRuntime) error { r.caps = mask; return nil }
 }
 
-// WithTmpfsSizes sets the size of /tmp and /dev/shm (defaults 256 MiB and
-// 64 MiB; both are charged to the sandbox's memory cgroup).
+// WithTmpfsSizes sets the room for /tmp and /dev/shm (defaults 256 MiB and
+// 64 MiB; charged to the sandbox's memory cgroup). They are directories of
+// one tmpfs (with /dev), which is tmp + shm + 64 kB large: either may use
+// what the other leaves.
 func WithTmpfsSizes(tmp, shm int64) Option {
 	return func(r *NamespaceRuntime) error {
 		if tmp <= 0 || shm <= 0 {
@@ -119,7 +136,9 @@ type NamespaceRuntime struct {
 	outputCap    int64
 	disks        *rootfs.DiskPool
 	subvols      *rootfs.Subvolumes
+	sysfs        *sharedSysfs // nil: each sandbox mounts its own
 	null         *os.File
+	spawner      *spawner
 
 	mu       sync.Mutex
 	sbs      map[string]*sandbox // ready sandboxes
@@ -168,18 +187,26 @@ func NewNamespaceRuntime(cg cgroups.Manager, opts ...Option) (*NamespaceRuntime,
 		return nil, err
 	}
 	r.null = null
+	r.spawner = newSpawner(r.shimPath, null, r.log)
 	return r, nil
 }
 
-// Close releases the runtime's own resources; sandboxes keep running.
+// Close releases the runtime's own resources (the spawner exits);
+// sandboxes and execs keep running.
 func (r *NamespaceRuntime) Close() error {
+	r.spawner.close()
 	r.mu.Lock()
 	for _, sb := range r.sbs {
 		_ = sb.init.close()
 	}
+	live := len(r.sbs)
 	r.sbs = map[string]*sandbox{}
 	r.mu.Unlock()
-	return r.null.Close()
+	var err error
+	if r.sysfs != nil {
+		err = r.sysfs.close(live)
+	}
+	return errors.Join(err, r.null.Close())
 }
 
 var idRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
@@ -311,6 +338,14 @@ func (r *NamespaceRuntime) Create(ctx context.Context, spec Spec) (_ *State, err
 	}
 	if spec.NetNSPath != "" {
 		c.Add(shim.TNetNS, spec.NetNSPath)
+	} else if r.sysfs != nil && !spec.OwnSysfs {
+		// A sandbox with a prepared namespace, or one that will be given
+		// devices, mounts its own sysfs, which shows them.
+		p, err := r.sysfs.path()
+		if err != nil {
+			return nil, err
+		}
+		c.Add(shim.TSysfs, p)
 	}
 	c.AddInt(shim.TTmpSize, r.tmpSize)
 	c.AddInt(shim.TShmSize, r.shmSize)
@@ -323,7 +358,7 @@ func (r *NamespaceRuntime) Create(ctx context.Context, spec Spec) (_ *State, err
 	if spec.NetNSPath == "" {
 		flags |= unix.CLONE_NEWNET
 	}
-	p, status, err := r.startShim(shim.ModeInit, []string{"init"}, c.Bytes(), flags, nil, -1)
+	p, status, err := r.startShim(ctx, shim.ModeInit, c.Bytes(), flags, nil, -1)
 	if err != nil {
 		return nil, err
 	}
@@ -412,11 +447,12 @@ func (s *started) abort() {
 	}
 }
 
-// startShim starts the shim binary in mode with config on fd 3 and returns
-// the read end of its status pipe. stdio nil = /dev/null for all three. In
-// exec mode aux (the init's pidfd) becomes fd 5; in init mode a sync pipe
-// does.
-func (r *NamespaceRuntime) startShim(mode string, argv []string, config []byte, cloneflags uintptr,
+// startShim starts a shim in mode with config on fd 3 and returns the read
+// end of its status pipe. stdio nil = /dev/null for all three. In exec mode
+// aux (the init's pidfd) becomes fd 5; in init mode a sync pipe does. The
+// shim is a fork of the spawner, or, without one, an exec of the shim
+// binary.
+func (r *NamespaceRuntime) startShim(ctx context.Context, mode string, config []byte, cloneflags uintptr,
 	stdio []int, aux int) (*started, *os.File, error) {
 	cfgR, cfgW, err := pipe()
 	if err != nil {
@@ -459,14 +495,47 @@ func (r *NamespaceRuntime) startShim(mode string, argv []string, config []byte, 
 	if stdio == nil {
 		stdio = []int{null, null, null}
 	}
-	files := []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2]), uintptr(cfgR), uintptr(stW)}
+	files := []int{stdio[0], stdio[1], stdio[2], cfgR, stW}
 	if aux >= 0 {
-		files = append(files, uintptr(aux))
+		files = append(files, aux)
 	}
-	pidfd := -1
-	pid, err := syscall.ForkExec(r.shimPath, argv, &syscall.ProcAttr{
+	pid, pidfd, err := r.spawn(ctx, mode, cloneflags, files)
+	if err != nil {
+		status.Close()
+		if s.sync != nil {
+			s.sync.Close()
+		}
+		return nil, nil, err
+	}
+	if s.proc, err = newProc(pid, pidfd); err != nil {
+		status.Close()
+		return nil, nil, err
+	}
+	return s, status, nil
+}
+
+// spawn starts the shim process through the spawner or, when there is
+// none, by fork and exec of the shim binary.
+func (r *NamespaceRuntime) spawn(ctx context.Context, mode string, cloneflags uintptr, files []int) (int, int, error) {
+	m := uint32(shim.SpawnExec)
+	if mode == shim.ModeInit {
+		m = shim.SpawnInit
+	}
+	pid, pidfd, err := r.spawner.spawn(ctx, m, cloneflags, files)
+	if !errors.Is(err, errNoSpawner) {
+		if err != nil {
+			return -1, -1, fmt.Errorf("start shim: %w", err)
+		}
+		return pid, pidfd, nil
+	}
+	fds := make([]uintptr, len(files))
+	for i, fd := range files {
+		fds[i] = uintptr(fd)
+	}
+	pidfd = -1
+	pid, err = syscall.ForkExec(r.shimPath, []string{mode}, &syscall.ProcAttr{
 		Env:   []string{shim.EnvVar + "=" + mode},
-		Files: files,
+		Files: fds,
 		Sys: &syscall.SysProcAttr{
 			Cloneflags: cloneflags,
 			// Own session: a signal to the server's process group (e.g.
@@ -477,17 +546,9 @@ func (r *NamespaceRuntime) startShim(mode string, argv []string, config []byte, 
 		},
 	})
 	if err != nil {
-		status.Close()
-		if s.sync != nil {
-			s.sync.Close()
-		}
-		return nil, nil, fmt.Errorf("start shim: %w", err)
+		return -1, -1, fmt.Errorf("start shim: %w", err)
 	}
-	if s.proc, err = newProc(pid, pidfd); err != nil {
-		status.Close()
-		return nil, nil, err
-	}
-	return s, status, nil
+	return pid, pidfd, nil
 }
 
 func pipe() (int, int, error) {

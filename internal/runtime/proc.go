@@ -137,18 +137,33 @@ func (p *proc) close() error { return p.f.Close() }
 
 // procStartTime is field 22 of /proc/PID/stat (clock ticks since boot).
 func procStartTime(pid int) (uint64, error) {
+	start, _, err := procStat(pid)
+	return start, err
+}
+
+// procRunning reports whether pid is still the process that started at
+// start and has not ended. A zombie has ended: a shim started by the
+// spawner is reaped by the spawner, a moment after its pidfd said so.
+func procRunning(pid int, start uint64) bool {
+	got, state, err := procStat(pid)
+	return err == nil && got == start && state != 'Z' && state != 'X'
+}
+
+// procStat returns the start time and the state of /proc/PID/stat.
+func procStat(pid int) (uint64, byte, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+		return 0, 0, fmt.Errorf("malformed /proc/%d/stat", pid)
 	}
 	f := bytes.Fields(b[i+1:])
 	// f[0] is field 3 (state), so field 22 is f[19].
-	if len(f) < 20 {
-		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+	if len(f) < 20 || len(f[0]) != 1 {
+		return 0, 0, fmt.Errorf("malformed /proc/%d/stat", pid)
 	}
-	return strconv.ParseUint(string(f[19]), 10, 64)
+	start, err := strconv.ParseUint(string(f[19]), 10, 64)
+	return start, f[0][0], err
 }

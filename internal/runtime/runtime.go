@@ -29,6 +29,11 @@ type Spec struct {
 	NetNSPath string
 	// AllowUserNS lets processes create user namespaces (off by default).
 	AllowUserNS bool
+	// OwnSysfs mounts a sysfs of the sandbox's own network namespace even
+	// where the runtime would bind its shared one (WithSharedSysfs): for a
+	// sandbox that will be given network devices, which only its own
+	// sysfs shows.
+	OwnSysfs bool
 }
 
 // State is what must be persisted so a restarted server can Adopt a

@@ -377,8 +377,17 @@ func TestIsolation(t *testing.T) {
 		{"tmp writable", "echo hi > /tmp/f && cat /tmp/f", "hi\n"},
 		{"dev null", "echo x > /dev/null && head -c 4 /dev/zero | wc -c", "4\n"},
 		{"shm writable", "echo hi > /dev/shm/f && cat /dev/shm/f", "hi\n"},
+		// /dev, /dev/shm and /tmp are directories of one tmpfs; each shows
+		// only its own.
+		{"tmpfs dirs apart", "touch /tmp/t /dev/shm/s; ls /tmp | grep -c -e '^s$' -e '^dev$' -e '^shm$'; ls /dev/shm | grep -c -e '^t$' -e '^null$'; ls -d /dev/tmp /dev/mask 2>/dev/null | wc -l", "0\n0\n0\n"},
+		{"tmp sticky", "stat -c %a /tmp /dev/shm", "1777\n1777\n"},
+		{"masked dir empty, read-only", "ls -A /sys/firmware | wc -l; touch /sys/firmware/x 2>/dev/null || echo denied", "0\ndenied\n"},
 		{"ptmx", "test -c /dev/pts/ptmx && echo ok", "ok\n"},
 		{"loopback only, up", "ip -o link | awk '{print $2, $3}'", "lo: <LOOPBACK,UP,LOWER_UP>\n"},
+		// /sys is the node's shared sysfs of a loopback-only namespace.
+		{"sys shows lo only", "ls /sys/class/net", "lo\n"},
+		{"sys mount names no host path", "awk '$5 == \"/sys\" {print $4}' /proc/self/mountinfo", "/\n"},
+		{"sys mount read-only", "awk '$5 == \"/sys\" {print $6}' /proc/self/mountinfo | cut -d, -f1-4", "ro,nosuid,nodev,noexec\n"},
 		{"no dsec mounts", "grep -c -e dsec -e " + e.base + " /proc/self/mountinfo || true", "0\n"},
 		{"no dsec env", "env | grep -c DSEC_SHIM || true", "0\n"},
 		{"cannot mount", "mount -t tmpfs x /mnt 2>/dev/null || echo denied", "denied\n"},
@@ -390,6 +399,52 @@ func TestIsolation(t *testing.T) {
 				t.Fatalf("%s: got %q want %q", c.script, got, c.want)
 			}
 		})
+	}
+}
+
+// TestFewSuperblocks keeps the file systems each sandbox creates few: each
+// new superblock costs every memory cgroup on the host kernel memory and
+// makes creates and teardowns slower as sandboxes are held (see
+// sharedSysfs and mask_paths in the init).
+func TestFewSuperblocks(t *testing.T) {
+	e := newEnv(t)
+	e.create("sb1")
+	e.create("sb2")
+	devs := func(id string) map[string]bool {
+		out := e.sh(id, "awk '{print $3}' /proc/self/mountinfo | sort -u").stdout
+		m := map[string]bool{}
+		for _, d := range strings.Fields(out) {
+			m[d] = true
+		}
+		return m
+	}
+	a, b := devs("sb1"), devs("sb2")
+	var own []string
+	for d := range a {
+		if !b[d] {
+			own = append(own, d)
+		}
+	}
+	// The overlay, proc, devpts and one tmpfs (/dev, /dev/shm, /tmp and
+	// the masks); /sys and the device nodes are shared. (The IPC
+	// namespace's mqueue is a fifth, not mounted.)
+	if len(own) > 4 {
+		t.Errorf("a sandbox mounts %d file systems of its own (%v), want at most 4", len(own), own)
+	}
+	if len(a)-len(own) < 2 {
+		t.Errorf("sandboxes share %d file systems, want at least 2 (sysfs, the host's device nodes)", len(a)-len(own))
+	}
+
+	// One that will be given network devices mounts a sysfs of its own.
+	e.create("sb3", func(s *runtime.Spec) { s.OwnSysfs = true })
+	sysDev := func(id string) string {
+		return e.mustSh(id, "awk '$5 == \"/sys\" {print $3}' /proc/self/mountinfo")
+	}
+	if sysDev("sb3") == sysDev("sb1") {
+		t.Errorf("OwnSysfs: /sys is the shared mount (%s)", sysDev("sb3"))
+	}
+	if got := e.mustSh("sb3", "ls /sys/class/net; awk '$5 == \"/sys\" {print $6}' /proc/self/mountinfo | cut -d, -f1"); got != "lo\nro\n" {
+		t.Errorf("OwnSysfs: got %q", got)
 	}
 }
 

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dsec-dev/dsec/internal/cgroups"
 	"github.com/dsec-dev/dsec/internal/runtime"
 )
@@ -113,12 +115,27 @@ func NewRuntime(t testing.TB, opts ...runtime.Option) (*runtime.NamespaceRuntime
 	t.Helper()
 	m := Cgroups(t)
 	parent := RandomName("dsectest-")
-	rt, err := runtime.NewNamespaceRuntime(m, append([]runtime.Option{runtime.WithCgroupParent(parent)}, opts...)...)
+	sysfs, err := os.MkdirTemp("", "dsec-sysfs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := runtime.NewNamespaceRuntime(m, append([]runtime.Option{runtime.WithCgroupParent(parent),
+		runtime.WithSharedSysfs(sysfs)}, opts...)...)
 	if err != nil {
 		t.Fatalf("runtime: %v", err)
 	}
 	t.Cleanup(func() {
-		_ = rt.Close()
+		if err := rt.Close(); err != nil {
+			t.Errorf("close runtime: %v", err)
+		}
+		// Close keeps the shared sysfs while sandboxes are left; a test
+		// that leaves some has them killed below.
+		for _, p := range []string{"sys", "netns"} {
+			_ = unix.Unmount(filepath.Join(sysfs, p), unix.MNT_DETACH)
+		}
+		if err := os.RemoveAll(sysfs); err != nil {
+			t.Errorf("shared sysfs dir: %v", err)
+		}
 		RemoveCgroupTree(m, parent)
 	})
 	return rt, m, parent

@@ -99,10 +99,45 @@ static const char *nodes[] = {
 	"dev/null", "dev/zero", "dev/full", "dev/random", "dev/urandom", "dev/tty",
 };
 
-static int setup_dev(const char *shmopt) {
+// The sandbox's memory-backed directories (/dev, /dev/shm, /tmp and the
+// empty directory shown over masked paths) are directories of one tmpfs,
+// sized for all of them: each superblock costs every memory cgroup on the
+// host a shrinker slot (kernel memory that grows with the host's peak
+// superblock count, so with the sandboxes held) and makes each memory
+// cgroup's teardown walk more lists. The tmpfs is mounted on tmp to make
+// the directories, each is cloned as a detached mount of its own, and the
+// staging mount goes away before they are moved into place.
+enum { RUN_DEV, RUN_SHM, RUN_TMP, RUN_MASK, RUN_N };
+
+static int run_tmpfs(long long size, int fds[RUN_N]) {
+	static const char *dirs[RUN_N] = {"tmp/dev", "tmp/shm", "tmp/tmp", "tmp/mask"};
+	static const mode_t modes[RUN_N] = {0755, 01777, 01777, 0555};
+	char opt[64];
+	snprintf(opt, sizeof opt, "mode=755,size=%lld", size);
+	if (mount("tmpfs", "tmp", "tmpfs", MS_NOSUID | MS_NODEV, opt))
+		return -1;
+	for (int i = 0; i < RUN_N; i++) {
+		if (mkdir(dirs[i], modes[i]))
+			return -1;
+		fds[i] = open_tree(AT_FDCWD, dirs[i], OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+		if (fds[i] < 0)
+			return -1;
+	}
+	return umount2("tmp", MNT_DETACH);
+}
+
+static int move_to(int fd, const char *target) {
+	int r = move_mount(fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH);
+	int e = errno;
+	close(fd);
+	errno = e;
+	return r;
+}
+
+static int setup_dev(int devfd, int shmfd) {
 	// nodev, as the root (see mount_overlay); the standard nodes are bind
 	// mounts of the host's, which keep their own mount's flags.
-	if (mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=64k"))
+	if (move_to(devfd, "dev"))
 		return -1;
 	for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++) {
 		int fd = open(nodes[i], O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
@@ -119,7 +154,7 @@ static int setup_dev(const char *shmopt) {
 	if (mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
 		  "newinstance,ptmxmode=0666,mode=0620,gid=5"))
 		return -1;
-	if (mount("shm", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, shmopt))
+	if (move_to(shmfd, "dev/shm"))
 		return -1;
 	if (symlink("pts/ptmx", "dev/ptmx") || symlink("/proc/self/fd", "dev/fd") ||
 	    symlink("/proc/self/fd/0", "dev/stdin") || symlink("/proc/self/fd/1", "dev/stdout") ||
@@ -147,18 +182,31 @@ static const char *readonly[] = {
 	"proc/bus", "proc/fs", "proc/irq", "proc/sys", "proc/sysrq-trigger", NULL,
 };
 
-static int mask_paths(void) {
+// mask_paths hides the masked paths: every masked directory shows the same
+// empty read-only directory (maskfd, a mount of run_tmpfs's "mask"; the
+// first gets it, the others bind mounts of the first).
+static int mask_paths(int maskfd) {
+	const char *empty = NULL;
 	for (const char **p = masked; *p; p++) {
 		struct stat st;
 		if (lstat(*p, &st) < 0)
 			continue; // not on this kernel
-		if (S_ISDIR(st.st_mode)) {
-			if (mount("tmpfs", *p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0"))
+		if (!S_ISDIR(st.st_mode)) {
+			if (mount("dev/null", *p, NULL, MS_BIND, NULL))
 				return -1;
-		} else if (mount("dev/null", *p, NULL, MS_BIND, NULL)) {
-			return -1;
+		} else if (empty) {
+			if (mount(empty, *p, NULL, MS_BIND, NULL))
+				return -1;
+		} else {
+			int r = move_to(maskfd, *p);
+			maskfd = -1;
+			if (r || mount(NULL, *p, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
+				return -1;
+			empty = *p;
 		}
 	}
+	if (maskfd >= 0)
+		close(maskfd); // nothing to mask on this kernel
 	for (const char **p = readonly; *p; p++) {
 		if (access(*p, F_OK) < 0)
 			continue;
@@ -241,22 +289,30 @@ int shim_init(void) {
 	if (chdir(root))
 		FAIL("internal", "chdir root");
 
-	char opt[64];
 	mkdir_p1("proc", 0555);
 	mkdir_p1("dev", 0755);
 	mkdir_p1("sys", 0555);
 	mkdir_p1("tmp", 01777);
 	if (mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
 		FAIL("internal", "mount /proc");
-	snprintf(opt, sizeof opt, "mode=1777,size=%lld", cfg_int(&c, T_SHMSIZE, 64 << 20));
-	if (setup_dev(opt))
+	// /dev's own files take a few kB; /tmp and /dev/shm share the rest.
+	int run[RUN_N];
+	if (run_tmpfs(cfg_int(&c, T_TMPSIZE, 256 << 20) + cfg_int(&c, T_SHMSIZE, 64 << 20) + (64 << 10), run))
+		FAIL("internal", "mount the sandbox's tmpfs");
+	if (setup_dev(run[RUN_DEV], run[RUN_SHM]))
 		FAIL("internal", "set up /dev");
-	if (mount("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
+	// A sandbox with a loopback-only network namespace binds the node's
+	// shared read-only sysfs (of a namespace that also holds only lo): a
+	// new sysfs mount makes the kernel compare it with every sysfs
+	// superblock on the host, which grows with the sandboxes held.
+	const char *sysfs = cfg_get(&c, T_SYSFS);
+	if (sysfs ? mount(sysfs, "sys", NULL, MS_BIND, NULL) ||
+			    mount(NULL, "sys", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL)
+		  : mount("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
 		FAIL("internal", "mount /sys");
-	if (mask_paths())
+	if (mask_paths(run[RUN_MASK]))
 		FAIL("internal", "mask /proc paths");
-	snprintf(opt, sizeof opt, "mode=1777,size=%lld", cfg_int(&c, T_TMPSIZE, 256 << 20));
-	if (mount("tmpfs", "tmp", "tmpfs", MS_NOSUID | MS_NODEV, opt))
+	if (move_to(run[RUN_TMP], "tmp"))
 		FAIL("internal", "mount /tmp");
 
 	const char *host = cfg_get(&c, T_HOSTNAME);

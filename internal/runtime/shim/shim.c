@@ -185,8 +185,11 @@ int apply_seccomp(const struct rec *filter) {
 }
 
 // dsec_shim_entry runs before the Go runtime when the process was started
-// as a shim; it never returns to Go in that case.
-__attribute__((constructor)) static void dsec_shim_entry(void) {
+// as a shim; it never returns to Go in that case. libc passes main's
+// arguments to constructors; the spawner keeps argv so that its children
+// can overwrite the argument area (their /proc/PID/cmdline).
+__attribute__((constructor)) static void dsec_shim_entry(int argc, char **argv, char **envp) {
+	(void)envp;
 	const char *m = getenv("_DSEC_SHIM");
 	if (!m)
 		return;
@@ -194,5 +197,7 @@ __attribute__((constructor)) static void dsec_shim_entry(void) {
 		_exit(shim_init());
 	if (strcmp(m, "exec") == 0)
 		_exit(shim_exec());
+	if (strcmp(m, "spawner") == 0)
+		_exit(shim_spawner(argc, argv));
 	_exit(120);
 }

@@ -14,12 +14,31 @@ import (
 	"github.com/dsec-dev/dsec/internal/errdefs"
 )
 
-// EnvVar selects the shim mode; its value is ModeInit or ModeExec.
+// EnvVar selects the shim mode; its value is ModeInit, ModeExec or
+// ModeSpawner.
 const EnvVar = "_DSEC_SHIM"
 
 const (
 	ModeInit = "init"
 	ModeExec = "exec"
+	// ModeSpawner is a fork server: it starts inits and exec shims as
+	// forks of itself on request (see spawner.c and the protocol below).
+	ModeSpawner = "spawner"
+)
+
+// Spawner protocol (see shim.h). The spawner reads requests on
+// FdSpawner, a SOCK_SEQPACKET socket. A request is SpawnRequestSize bytes
+// (mode uint32, number of descriptors uint32, clone flags uint64, native
+// byte order) with the descriptors the child gets as 0..n-1 attached
+// (SCM_RIGHTS, at most SpawnMaxFDs). A reply is SpawnReplySize bytes (pid
+// int32, errno int32) with the child's pidfd attached when pid > 0.
+const (
+	FdSpawner        = 3
+	SpawnInit        = 1
+	SpawnExec        = 2
+	SpawnMaxFDs      = 6
+	SpawnRequestSize = 16
+	SpawnReplySize   = 8
 )
 
 // Descriptor numbers the shim expects (see shim.h).
@@ -56,6 +75,7 @@ const (
 	TCgroup     Tag = 21
 	TDiskFSType Tag = 22
 	TTTYRoot    Tag = 23 // exec: allocate a pty from <value>/dev/pts/ptmx
+	TSysfs      Tag = 24 // init: bind this read-only sysfs mount instead of mounting one
 )
 
 // Config is the shim's parameter block: records of tag, little-endian

@@ -32,6 +32,7 @@ enum {
 	T_CGROUP = 21,
 	T_DISKFSTYPE = 22,
 	T_TTYROOT = 23,
+	T_SYSFS = 24,
 };
 
 // Fixed descriptors handed over by the Go side.
@@ -39,6 +40,27 @@ enum {
 	FD_CONFIG = 3,
 	FD_STATUS = 4,
 	FD_AUX = 5, // init: sync pipe (read); exec: pidfd of the sandbox init
+	FD_SPAWNER = 3, // spawner: its socket to the runtime
+};
+
+// Spawner protocol (see spawner.c); keep in sync with shim.go. One request
+// carries the descriptors a child gets as 0..nfds-1 (SCM_RIGHTS); one reply
+// carries the child's pidfd when pid > 0.
+enum {
+	SPAWN_INIT = 1,
+	SPAWN_EXEC = 2,
+	SPAWN_MAXFDS = 6,
+};
+
+struct spawn_req {
+	uint32_t mode;  // SPAWN_INIT or SPAWN_EXEC
+	uint32_t nfds;  // descriptors attached
+	uint64_t flags; // CLONE_NEW* flags of the child
+};
+
+struct spawn_rep {
+	int32_t pid; // host pid of the child, -1 on failure
+	int32_t err; // errno of the failure
 };
 
 struct rec {
@@ -66,5 +88,6 @@ int write_file(const char *path, const char *val);
 
 int shim_init(void);
 int shim_exec(void);
+int shim_spawner(int argc, char **argv);
 
 #endif
