@@ -38,6 +38,8 @@ type ControlPlane struct {
 	activity  map[string]time.Time // last activity seen, by sandbox
 	persisted map[string]time.Time // last activity written to the store
 
+	execs execResults // finished execs not yet in the store
+
 	bg      context.Context
 	stop    context.CancelFunc
 	wg      sync.WaitGroup
@@ -114,6 +116,7 @@ func (s *ControlPlane) Start(ctx context.Context) error {
 func (s *ControlPlane) Close() error {
 	s.stop()
 	s.wg.Wait()
+	s.flushExecs(context.Background())
 	return s.audit.Close()
 }
 

@@ -55,9 +55,7 @@ func (s *ControlPlane) watchExec(a node.Agent, info node.ExecInfo) {
 	}
 	s.metrics.execSeconds.Observe(d.Seconds())
 	info.Running, info.Result = false, res
-	if err := s.st.Put(s.bg, store.BucketExecs, execKey(info.SandboxID, info.ExecID), info); err != nil {
-		s.log.Warn("recording exec result", "sandbox", info.SandboxID, "exec", info.ExecID, "err", err)
-	}
+	s.recordExec(info)
 	s.touch(s.bg, info.SandboxID)
 }
 
@@ -81,6 +79,9 @@ func (s *ControlPlane) execAgent(ctx context.Context, c Caller, sandboxID, execI
 }
 
 func (s *ControlPlane) storedExec(ctx context.Context, sandboxID, execID string) (*node.ExecInfo, error) {
+	if info, ok := s.pendingExec(sandboxID, execID); ok {
+		return &info, nil
+	}
 	var info node.ExecInfo
 	if err := s.st.Get(ctx, store.BucketExecs, execKey(sandboxID, execID), &info); err != nil {
 		if errdefs.IsNotFound(err) {
@@ -145,6 +146,9 @@ func (s *ControlPlane) ListExecs(ctx context.Context, c Caller, sandboxID string
 	}
 	byID := map[string]node.ExecInfo{}
 	for _, e := range stored {
+		byID[e.ExecID] = e
+	}
+	for _, e := range s.pendingExecs(sandboxID) {
 		byID[e.ExecID] = e
 	}
 	if a != nil {

@@ -569,3 +569,43 @@ func TestFailedImportReleasesName(t *testing.T) {
 		t.Fatalf("owner %q", info.Owner)
 	}
 }
+
+// Exec results reach the store in batches; a sandbox deleted before its
+// batch is written gets no records back.
+func TestExecResultsBatched(t *testing.T) {
+	e := newEnv(t)
+	alice := e.tenant("alice", Quota{})
+	ctx := context.Background()
+	kept := e.create(alice, node.SandboxSpec{})
+	gone := e.create(alice, node.SandboxSpec{})
+	var ids []string
+	for i := 0; i < 5; i++ {
+		r := e.doExec(alice, kept.ID, node.ExecRequest{Args: []string{"exit", "3"}}, "")
+		if r.result == nil {
+			t.Fatal("exec failed")
+		}
+		ids = append(ids, r.execID)
+	}
+	r := e.doExec(alice, gone.ID, node.ExecRequest{Args: []string{"exit", "4"}}, "")
+	if r.result == nil {
+		t.Fatal("exec failed")
+	}
+	e.doJSON("DELETE", "/v1/sandboxes/"+gone.ID, alice, nil, http.StatusNoContent, nil)
+	waitFor(t, func() bool {
+		n := 0
+		_ = e.st.List(ctx, store.BucketExecs, kept.ID+"/", func(string, []byte) error { n++; return nil })
+		return n == len(ids)
+	})
+	for _, id := range ids {
+		var info node.ExecInfo
+		if err := e.st.Get(ctx, store.BucketExecs, execKey(kept.ID, id), &info); err != nil || info.Result == nil || info.Result.ExitCode != 3 {
+			t.Fatalf("stored result of %s: %+v %v", id, info, err)
+		}
+	}
+	time.Sleep(2 * execFlushDelay)
+	n := 0
+	_ = e.st.List(ctx, store.BucketExecs, gone.ID+"/", func(string, []byte) error { n++; return nil })
+	if n != 0 {
+		t.Fatalf("%d exec records written for a deleted sandbox", n)
+	}
+}

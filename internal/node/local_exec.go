@@ -80,26 +80,15 @@ func (l *Local) StartExec(ctx context.Context, req ExecRequest, pio runtime.IO) 
 		}
 		ent.info.Result = res
 		sb.rec.LastActivity = time.Now()
-		info := ent.info
 		sb.mu.Unlock()
-		// Waiters first: they read the result from memory, and until the
-		// record is rewritten a restarted server reads it from the
-		// runtime's result file (see loadExec).
+		// The record written at start stays as it is: a restarted server
+		// completes it from the runtime's result file (loadExec).
+		// Rewriting it here cost ~0.2 ms per exec (ext4 flushes a file
+		// renamed over another, auto_da_alloc).
 		close(ent.done)
-		l.updateExec(&info)
 	}()
 	info := ent.info
 	return &info, nil
-}
-
-// updateExec rewrites the record of an exec saved before, unless its
-// sandbox's records are gone (deleted meanwhile: nothing is recreated).
-func (l *Local) updateExec(info *ExecInfo) {
-	p := filepath.Join(l.execDir(info.SandboxID), info.ExecID+".json")
-	b, _ := json.Marshal(info)
-	if err := os.WriteFile(p+".tmp", b, 0o600); err == nil {
-		_ = os.Rename(p+".tmp", p)
-	}
 }
 
 func (l *Local) saveExec(info *ExecInfo) {

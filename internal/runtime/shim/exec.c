@@ -584,7 +584,9 @@ int shim_exec(void) {
 			  "\"stdout_truncated\":%s,\"stderr_truncated\":%s,\"output_cap\":%lld,\"duration_ns\":%lld}\n",
 			  execid, pid, code, sig, timed_out ? "true" : "false", st[0].truncated ? "true" : "false",
 			  st[1].truncated ? "true" : "false", cap, dur);
-	if (ftruncate(resfd, 0) || pwrite(resfd, js, (size_t)jn, 0) != jn || close(resfd) ||
+	// Overwrite, then cut to length: a truncate to zero makes ext4 start
+	// writeback of the file at close (auto_da_alloc), ~0.2 ms per exec.
+	if (pwrite(resfd, js, (size_t)jn, 0) != jn || ftruncate(resfd, jn) || close(resfd) ||
 	    renameat(dirfd, "result.json.tmp", dirfd, "result.json"))
 		return 1;
 	return 0;
