@@ -46,6 +46,7 @@ type serveOptions struct {
 	reclaimIdle  time.Duration
 	overcommit   float64
 	cpuProfile   string
+	heapProfile  string
 	expectedCPU  float64
 	memReserve   string
 	logLevel     string
@@ -97,6 +98,8 @@ the server stops or is killed; started again, it adopts them.`,
 	f.StringVar(&o.memReserve, "memory-reserve", "512Mi", "admit sandboxes while memory held + a newcomer's limit + this fits in physical memory")
 	f.StringVar(&o.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the server to this file until it stops (diagnostics)")
 	_ = f.MarkHidden("cpu-profile")
+	f.StringVar(&o.heapProfile, "heap-profile", "", "write a Go heap profile of the server to this file when it stops (diagnostics)")
+	_ = f.MarkHidden("heap-profile")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

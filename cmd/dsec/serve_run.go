@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	goruntime "runtime"
 	"runtime/pprof"
 	"time"
 
@@ -109,7 +110,7 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 		runtime.WithSubvolumes(subvols),
 		runtime.WithSharedSysfs(filepath.Join(o.dataDir, "node", "sysfs")),
 		runtime.WithSeccomp(func(s runtime.Spec) ([]unix.SockFilter, error) {
-			f, err := seccomp.DefaultFilter(seccomp.Options{AllowUserNS: s.AllowUserNS})
+			f, err := seccomp.SharedDefaultFilter(seccomp.Options{AllowUserNS: s.AllowUserNS})
 			return f, err
 		}),
 	)
@@ -209,6 +210,18 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 		return err
 	}
 	defer svc.Close()
+	if o.heapProfile != "" {
+		// Written when the server stops, before anything is closed.
+		defer func() {
+			f, err := os.Create(o.heapProfile)
+			if err != nil {
+				return
+			}
+			defer f.Close()
+			goruntime.GC()
+			_ = pprof.WriteHeapProfile(f)
+		}()
+	}
 	if err := svc.Registry().Register(imageMetrics{stats: imgs.AllStats, log: log.With("component", "metrics")}); err != nil {
 		return err
 	}
