@@ -28,6 +28,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 // Namespaces a request may ask for.
@@ -252,19 +253,34 @@ int shim_spawner(int argc, char **argv) {
 	if (sfd < 0)
 		return 1;
 	fcntl(FD_SPAWNER, F_SETFD, FD_CLOEXEC);
+	// Reaping: waitpid(-1) walks every child (every sandbox's init), so a
+	// SIGCHLD reaps the child it names; SIGCHLDs that arrive together are
+	// merged into one, and a sweep of all children, at most once a second,
+	// reaps those.
+	struct timespec last_sweep = {0, 0};
+	int missed = 0;
 	for (;;) {
 		struct pollfd pf[2] = {{FD_SPAWNER, POLLIN, 0}, {sfd, POLLIN, 0}};
-		if (poll(pf, 2, -1) < 0) {
+		if (poll(pf, 2, missed ? 1000 : -1) < 0) {
 			if (errno == EINTR)
 				continue;
 			break;
 		}
 		if (pf[1].revents) {
 			struct signalfd_siginfo si;
-			while (read(sfd, &si, sizeof si) > 0)
-				;
+			while (read(sfd, &si, sizeof si) > 0) {
+				if (si.ssi_pid > 0)
+					waitpid((pid_t)si.ssi_pid, NULL, WNOHANG);
+				missed = 1; // others may have ended with it
+			}
+		}
+		struct timespec now;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (missed && now.tv_sec - last_sweep.tv_sec >= 1) {
 			while (waitpid(-1, NULL, WNOHANG) > 0)
 				;
+			missed = 0;
+			last_sweep = now;
 		}
 		if (pf[0].revents && serve_one(FD_SPAWNER) < 0)
 			break;
