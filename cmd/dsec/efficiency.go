@@ -412,8 +412,6 @@ type admission struct {
 
 	hostMu sync.Mutex
 	host   hostReading // the last reading, shared for hostMaxAge
-
-	residents *residentView // the last view of the sandboxes, a.mu held
 }
 
 // policyFor is the policy with the expected-use fraction of this shape.
@@ -481,55 +479,35 @@ func (a *admission) readHost() (hostReading, error) {
 	return h, nil
 }
 
-// residentView is what admission reads of the node's sandboxes. It is
-// taken with a host reading and shared with it (hostMaxAge): a walk over
-// every sandbox per create cost ~5% of the CPU with 5,000 held. Admissions
-// in between see each other as pending, as they do the host's figures.
-type residentView struct {
-	at          time.Time         // the host reading it belongs to
-	listed      map[string]string // states of the sandboxes pending when taken
-	sandboxes   int               // running or paused
-	measuredSum float64           // their CPU p95, where measured
-	measured    int
-	unmeasured  []float64 // requests of running sandboxes without a rate yet
-}
-
-// view returns the resident view for host reading at. a.mu held.
-func (a *admission) view(at time.Time) *residentView {
-	if a.residents != nil && a.residents.at.Equal(at) {
-		return a.residents
-	}
-	v := &residentView{at: at, listed: make(map[string]string, len(a.pending))}
-	if a.agent != nil {
-		a.agent.EachResident(func(sb node.Resident) {
-			if _, ok := a.pending[sb.ID]; ok {
-				v.listed[sb.ID] = sb.State
-			}
-			if sb.State != node.StateRunning && sb.State != node.StatePaused {
-				return
-			}
-			v.sandboxes++
-			if c := a.stats.CPU(sb.ID); c.Samples >= 2 {
-				v.measuredSum += c.P95
-				v.measured++
-			} else {
-				v.unmeasured = append(v.unmeasured, sb.CPU)
-			}
-		})
-	}
-	a.residents = v
-	return v
-}
-
 // usage is the node's use: the host's figures plus what the sandboxes are
 // measured or expected to use. a.mu held.
 func (a *admission) usage(h hostReading) scheduler.NodeUsage {
 	u := scheduler.NodeUsage{CPUs: a.cpus, MemoryTotal: h.mem.Total, MemoryHeld: h.mem.Held,
 		PidsMax: h.pidsMax, PidsUsed: h.pidsUsed, DiskTotal: h.diskTotal, DiskUsed: h.diskUsed}
-	v := a.view(h.at)
-	listed, unmeasured, measuredSum, measured := v.listed, v.unmeasured, v.measuredSum, v.measured
-	u.Sandboxes += v.sandboxes
-	u.CPUUsedP95 += measuredSum
+	// The states of the pending admissions' sandboxes: a lookup per
+	// resident in the few pending, not a map of every resident.
+	listed := make(map[string]string, len(a.pending))
+	var unmeasured []float64 // requests of running sandboxes without a rate yet
+	var measuredSum float64
+	measured := 0
+	if a.agent != nil {
+		a.agent.EachResident(func(sb node.Resident) {
+			if _, ok := a.pending[sb.ID]; ok {
+				listed[sb.ID] = sb.State
+			}
+			if sb.State != node.StateRunning && sb.State != node.StatePaused {
+				return
+			}
+			u.Sandboxes++
+			if c := a.stats.CPU(sb.ID); c.Samples >= 2 {
+				u.CPUUsedP95 += c.P95
+				measuredSum += c.P95
+				measured++
+			} else {
+				unmeasured = append(unmeasured, sb.CPU)
+			}
+		})
+	}
 	// A sandbox without a measured rate yet is expected to use what the
 	// node's measured sandboxes use on average (floored); with too few of
 	// those to go by, the policy's fraction of its request.
