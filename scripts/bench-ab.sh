@@ -18,6 +18,8 @@ cmd=${1:?usage: bench-ab.sh exec|create|held|slab BIN [N]}
 BIN=$(realpath "${2:?binary}")
 N=${3:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/benchlib.sh
+. "$root/scripts/benchlib.sh"
 rootfs=/var/tmp/dsec-bench-rootfs
 [ -d "$rootfs" ] || "$root/scripts/mkrootfs.sh" "$rootfs" >/dev/null
 w=$(mktemp -d /var/tmp/dsec-ab.XXXXXX)
@@ -26,19 +28,13 @@ server=
 cleanup() {
   set +e
   if [ -n "$server" ]; then
-    "$BIN" sandbox ls --json 2>/dev/null | python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)]' |
-      xargs -r -n 100 -P 2 "$BIN" sandbox rm >/dev/null 2>&1
+    rm_all_sandboxes "$BIN" 2
     kill "$server"; wait "$server"
     "$BIN" layerd-stop --data-dir "$w/d" --force >/dev/null 2>&1
   fi
   rm -rf "$w"
 }
 trap cleanup EXIT
-shrink_slabs() {
-  sync
-  echo 3 >/proc/sys/vm/drop_caches
-  for f in /sys/kernel/slab/*/shrink; do echo 1 >"$f" 2>/dev/null || true; done
-}
 # shellcheck disable=SC2086
 "$BIN" serve --data-dir "$w/d" --listen "$DSEC_ADDR" --log-level warn ${SERVE_ARGS:-} >"$w/log" 2>&1 &
 server=$!
@@ -56,8 +52,7 @@ held)
   fi
   "$BIN" bench create --n 200 --parallel 2 --image bench:1 --json
   t0=$(date +%s.%N)
-  "$BIN" sandbox ls --json | python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)]' |
-    xargs -r -n 100 -P 2 "$BIN" sandbox rm >/dev/null
+  rm_all_sandboxes "$BIN" 2
   t1=$(date +%s.%N)
   python3 -c "print('teardown of $N held: %.1f/s' % ($N / ($t1 - $t0)))"
   ;;

@@ -8,6 +8,8 @@
 # runs (default: empty slab pages are freed first, see shrink_slabs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/benchlib.sh
+. scripts/benchlib.sh
 N=${BENCH_N:-300}
 DN=${BENCH_DENSITY_N:-1000}
 LIMITS=${DSEC_LIMITS_DIR:-$PWD/../shared/limits}
@@ -20,10 +22,12 @@ server=
 cleanup() {
   set +e
   if [ -n "$server" ]; then
-    "$BIN" sandbox ls --json 2>/dev/null | python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)]' | xargs -r -n 50 "$BIN" sandbox rm >/dev/null 2>&1
+    rm_all_sandboxes "$BIN"
     kill "$server"; wait "$server"
     "$BIN" layerd-stop --data-dir "$work/data" --force
   fi
+  # The reference leaves its (empty) parent cgroups behind.
+  rmdir /sys/fs/cgroup/memory/probe_sbx/mgr /sys/fs/cgroup/*/probe_sbx 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -59,14 +63,6 @@ run() { echo "\`dsec $*\`:"; echo '```'; "$BIN" "$@"; echo '```'; }
 run bench create --n "$N" --parallel 2 --image bench:1 --json
 run bench exec --n "$((N * 2))" --parallel 1 --image bench:1 --json
 run bench exec --n "$((N * 2))" --parallel 2 --image bench:1 --json
-# Free slab pages that earlier runs left empty: the kernel objects of new
-# sandboxes (memory cgroups' shrinker slots above all) otherwise reuse them
-# without lowering MemAvailable, and the figure depends on the host's history.
-shrink_slabs() {
-  sync
-  echo 3 >/proc/sys/vm/drop_caches
-  for f in /sys/kernel/slab/*/shrink; do echo 1 >"$f" 2>/dev/null || true; done
-}
 if [ "${BENCH_SHRINK_SLABS:-1}" = 1 ]; then shrink_slabs; fi
 run bench density --n "$DN" --parallel 2 --image bench:1 --json
 if [ -x "$work/sbx" ]; then

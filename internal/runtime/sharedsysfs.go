@@ -24,8 +24,9 @@ import (
 // every superblock costs each memory cgroup a shrinker slot. A bind mount
 // makes no superblock.
 //
-// Sandboxes keep their bind mounts when the template is unmounted at
-// Close, and the template's namespace lives as long as any of them.
+// The template's namespace lives as long as its netns mount (the sysfs
+// mount does not hold it), so close unmounts both only when no sandbox is
+// left; sandboxes keep their bind mounts in any case.
 type sharedSysfs struct {
 	dir     string // holds sys (the sysfs mount) and netns (its namespace)
 	mu      sync.Mutex
