@@ -336,6 +336,41 @@ func TestSignalAndWaitExec(t *testing.T) {
 	}
 }
 
+// The output an exec printed can be read again after it ended, stream by
+// stream, by someone other than the caller that started it.
+func TestExecOutputKept(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := t.Context()
+	id := mustSandbox(t, c)
+	s, err := c.StartExec(ctx, client.ExecRequest{SandboxID: id, Shell: "echo out; echo err >&2"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := c.WaitExec(ctx, id, s.ExecID); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		stream, want string
+	}{{client.Stdout, "out\n"}, {client.Stderr, "err\n"}} {
+		rc, err := c.ExecOutput(ctx, id, s.ExecID, tc.stream)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.stream, err)
+		}
+		b, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil || string(b) != tc.want {
+			t.Fatalf("%s = %q, %v; want %q", tc.stream, b, err, tc.want)
+		}
+	}
+	if _, err := c.ExecOutput(ctx, id, s.ExecID, "stdin"); !client.IsInvalidArgument(err) {
+		t.Fatalf("stream stdin: %v", err)
+	}
+	if _, err := c.ExecOutput(ctx, id, "nope", client.Stdout); !client.IsNotFound(err) {
+		t.Fatalf("unknown exec: %v", err)
+	}
+}
+
 func TestFiles(t *testing.T) {
 	c, _ := newClient(t)
 	ctx := t.Context()

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sync"
 
 	"github.com/dsec-dev/dsec/internal/api"
@@ -236,4 +237,37 @@ func (c *Client) SignalExec(ctx context.Context, sandboxID, execID string, signa
 	}
 	return c.call(ctx, http.MethodPost, sandboxPath(sandboxID, "/execs/", esc(execID), "/signal"), nil,
 		api.SignalRequest{Signal: signal}, nil)
+}
+
+// Streams of an exec's kept output (ExecOutput).
+const (
+	Stdout = "stdout"
+	Stderr = "stderr"
+)
+
+// ExecOutput reads what the server kept of one stream (Stdout or Stderr)
+// of an exec: the tail of at most its output cap, also after the client
+// that started it went away. The server forgets the oldest ended execs of
+// a sandbox beyond its exec history, and all of them when the sandbox
+// dies or is deleted. The caller closes the reader.
+func (c *Client) ExecOutput(ctx context.Context, sandboxID, execID, stream string) (io.ReadCloser, error) {
+	if err := need("exec id", execID); err != nil {
+		return nil, err
+	}
+	if err := need("sandbox id", sandboxID); err != nil {
+		return nil, err
+	}
+	if stream != Stdout && stream != Stderr {
+		return nil, fmt.Errorf("stream %q: want %q or %q: %w", stream, Stdout, Stderr, errdefs.ErrInvalidArgument)
+	}
+	req, err := c.newRequest(ctx, http.MethodGet, sandboxPath(sandboxID, "/execs/", esc(execID), "/output"), url.Values{"stream": {stream}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/octet-stream")
+	resp, err := c.send(req)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
 }

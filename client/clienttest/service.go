@@ -1,6 +1,7 @@
 package clienttest
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -43,6 +44,35 @@ type execState struct {
 	cmd  *exec.Cmd
 	done chan struct{}
 	res  *runtime.ExecResult
+	// kept is the output kept per stream ("stdout", "stderr").
+	kept map[string]*lockedBuffer
+}
+
+// lockedBuffer is a bytes.Buffer written by exec's copying goroutines
+// while ExecOutput reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buf.Bytes())
+}
+
+// teeTo writes to w (if any) and b.
+func teeTo(w io.Writer, b *lockedBuffer) io.Writer {
+	if w == nil {
+		return b
+	}
+	return io.MultiWriter(w, b)
 }
 
 // Service is an in-memory api.Service for tests.
@@ -357,11 +387,13 @@ func (s *Service) StartExec(ctx context.Context, c api.Caller, req node.ExecRequ
 	cmd := exec.Command(path, args[1:]...)
 	cmd.Dir = filepath.Join(sb.root, filepath.Clean("/"+req.Cwd))
 	cmd.Env = append(append([]string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + sb.root}, sb.sb.Spec.Env...), req.Env...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = pio.Stdin, pio.Stdout, pio.Stderr
+	kept := map[string]*lockedBuffer{runtime.StdoutLog: {}, runtime.StderrLog: {}}
+	cmd.Stdin = pio.Stdin
+	cmd.Stdout, cmd.Stderr = teeTo(pio.Stdout, kept[runtime.StdoutLog]), teeTo(pio.Stderr, kept[runtime.StderrLog])
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", args[0], errdefs.ErrInvalidArgument)
 	}
-	e := &execState{cmd: cmd, done: make(chan struct{}), info: node.ExecInfo{
+	e := &execState{cmd: cmd, done: make(chan struct{}), kept: kept, info: node.ExecInfo{
 		ExecID: "ex-" + newID(8), SandboxID: req.SandboxID, Pid: cmd.Process.Pid, Request: req, Running: true, StartedAt: time.Now(),
 	}}
 	s.mu.Lock()
@@ -387,6 +419,9 @@ func (s *Service) reap(e *execState, timeout time.Duration) {
 	_ = e.cmd.Wait()
 	st := e.cmd.ProcessState
 	res := &runtime.ExecResult{ExecID: e.info.ExecID, Pid: e.info.Pid, ExitCode: st.ExitCode(), Duration: time.Since(e.info.StartedAt)}
+	for _, b := range e.kept {
+		res.OutputBytes += int64(len(b.bytes()))
+	}
 	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		res.Signal = unix.SignalName(ws.Signal())
 		res.ExitCode = 128 + int(ws.Signal())
@@ -457,6 +492,20 @@ func (s *Service) ListExecs(ctx context.Context, c api.Caller, sid string) ([]no
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].StartedAt.Before(out[j].StartedAt) })
 	return out, nil
+}
+
+// ExecOutput implements api.Service.
+func (s *Service) ExecOutput(ctx context.Context, c api.Caller, sid, eid, stream string) (io.ReadCloser, int64, error) {
+	e, err := s.getExec(c, sid, eid)
+	if err != nil {
+		return nil, 0, err
+	}
+	b, ok := e.kept[stream]
+	if !ok {
+		return nil, 0, fmt.Errorf("stream %q: want stdout or stderr: %w", stream, errdefs.ErrInvalidArgument)
+	}
+	out := b.bytes()
+	return io.NopCloser(bytes.NewReader(out)), int64(len(out)), nil
 }
 
 // SignalExec implements api.Service.

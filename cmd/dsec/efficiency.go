@@ -251,8 +251,12 @@ func sampleSlot(id string) int {
 // sample reads the CPU counter of the sandboxes due at this tick (those
 // of its slot, and every one not measured yet) for the p95 window and
 // idleness, and sweeps batch sandboxes' tasks. It reads the agent's
-// lock-free resident view, not its full records.
+// lock-free resident view, not its full records. It also keeps the
+// stats' tracked sandboxes (admission's sums) in line with the listing:
+// admission tracks the sandboxes it admitted when they run, this tracks
+// any other (adopted ones) and prunes the dead.
 func (e *efficiency) sample(ctx context.Context, agent *node.Local, rt runtime.Runtime, tick int) {
+	gen := e.stats.TrackGen() // before the listing: see StatsSampler.Prune
 	sbs := agent.Residents()
 	live := make(map[string]bool, len(sbs))
 	now := time.Now()
@@ -302,9 +306,39 @@ func (e *efficiency) sample(ctx context.Context, agent *node.Local, rt runtime.R
 		}
 	}
 	e.mu.Unlock()
+	syncTracked(e.stats, agent, gen, sbs, live)
+}
+
+// liveState: the states whose sandboxes count in admission's sums.
+func liveState(state string) bool { return state == node.StateRunning || state == node.StatePaused }
+
+// track counts a sandbox seen running or paused in stats' sums, unless a
+// look after tracking it finds it no longer so (a delete that forgot it
+// in between would otherwise leave it counted).
+func track(stats *node.StatsSampler, agent residents, sb node.Resident) {
+	gen := stats.Track(sb.ID, sb.CPU)
+	if r, ok := agent.Resident(sb.ID); !ok || !liveState(r.State) {
+		stats.UntrackIf(sb.ID, gen)
+	}
+}
+
+// syncTracked brings stats' tracked sandboxes in line with a listing of
+// the agent's: it stops tracking those the listing shows dead or gone,
+// and tracks any live one not tracked (admission tracks those it admitted
+// when they run; this is a safety net). gen is the stats' TrackGen read
+// before the listing was taken.
+func syncTracked(stats *node.StatsSampler, agent residents, gen uint64, sbs []node.Resident, live map[string]bool) {
+	for _, sb := range sbs {
+		if live[sb.ID] && !stats.Tracked(sb.ID) {
+			track(stats, agent, sb)
+		}
+	}
+	stats.Prune(gen, func(id string) bool { return live[id] })
 	for _, sb := range sbs {
 		if !live[sb.ID] {
-			e.stats.Forget(sb.ID)
+			// Not Forget: an admission may have seen this sandbox's
+			// create finish since the listing, and tracked it.
+			stats.ForgetUntracked(sb.ID)
 		}
 	}
 }
@@ -409,6 +443,9 @@ type admission struct {
 	// expected is a newcomer's expected CPU use for its request, set by
 	// usage from the node's measured sandboxes. a.mu held.
 	expected func(request float64) float64
+	// tracking: the stats track the agent's running sandboxes (usage
+	// walked them once; Track and Forget keep the sums since). a.mu held.
+	tracking bool
 
 	hostMu sync.Mutex
 	host   hostReading // the last reading, shared for hostMaxAge
@@ -436,6 +473,8 @@ var _ node.Admission = (*admission)(nil)
 type residents interface {
 	// EachResident calls fn with every sandbox's resource view.
 	EachResident(fn func(node.Resident))
+	// Resident is one sandbox's resource view.
+	Resident(id string) (node.Resident, bool)
 }
 
 // shape turns a spec into what the scheduler compares.
@@ -481,33 +520,61 @@ func (a *admission) readHost() (hostReading, error) {
 
 // usage is the node's use: the host's figures plus what the sandboxes are
 // measured or expected to use. a.mu held.
+//
+// Running and paused sandboxes come from the sums the stats keep of the
+// tracked ones (StatsSampler.ResidentCPU), not from a walk over every
+// sandbox: a create costs O(pending admissions). A pending admission
+// whose sandbox now runs is tracked before it stops counting as pending,
+// and a tracked sandbox still pending is left out of the sums, so none
+// counts twice or not at all.
 func (a *admission) usage(h hostReading) scheduler.NodeUsage {
 	u := scheduler.NodeUsage{CPUs: a.cpus, MemoryTotal: h.mem.Total, MemoryHeld: h.mem.Held,
 		PidsMax: h.pidsMax, PidsUsed: h.pidsUsed, DiskTotal: h.diskTotal, DiskUsed: h.diskUsed}
-	// The states of the pending admissions' sandboxes: a lookup per
-	// resident in the few pending, not a map of every resident.
-	listed := make(map[string]string, len(a.pending))
-	var unmeasured []float64 // requests of running sandboxes without a rate yet
-	var measuredSum float64
-	measured := 0
-	if a.agent != nil {
+	if a.agent != nil && !a.tracking {
+		// Once per agent: what it ran before (sandboxes adopted at start).
+		var sbs []node.Resident
 		a.agent.EachResident(func(sb node.Resident) {
-			if _, ok := a.pending[sb.ID]; ok {
-				listed[sb.ID] = sb.State
-			}
-			if sb.State != node.StateRunning && sb.State != node.StatePaused {
-				return
-			}
-			u.Sandboxes++
-			if c := a.stats.CPU(sb.ID); c.Samples >= 2 {
-				u.CPUUsedP95 += c.P95
-				measuredSum += c.P95
-				measured++
-			} else {
-				unmeasured = append(unmeasured, sb.CPU)
+			if liveState(sb.State) {
+				sbs = append(sbs, sb)
 			}
 		})
+		for _, sb := range sbs { // outside the agent's lock, which track takes
+			track(a.stats, a.agent, sb)
+		}
+		a.tracking = true
 	}
+	now := time.Now()
+	pending := make([]string, 0, len(a.pending)) // still counted as pending
+	for id, p := range a.pending {
+		var sb node.Resident
+		ok := false
+		if a.agent != nil {
+			sb, ok = a.agent.Resident(id)
+		}
+		switch {
+		case ok && liveState(sb.State):
+			track(a.stats, a.agent, sb) // counted in the sums from here on
+			delete(a.pending, id)
+			continue
+		case ok && sb.State != node.StateCreating:
+			delete(a.pending, id) // gone dead, or being deleted
+			continue
+		case ok:
+			p.seen = true
+			a.pending[id] = p
+		case p.seen || now.Sub(p.at) > pendingTTL:
+			delete(a.pending, id) // its create failed
+			continue
+		}
+		pending = append(pending, id)
+		u.CPUUsedP95 += p.cpu
+		u.MemoryHeld += p.mem
+		u.Sandboxes++
+	}
+	rc := a.stats.ResidentCPU(pending)
+	u.Sandboxes += rc.Sandboxes
+	u.CPUUsedP95 += rc.MeasuredP95
+	measured, measuredSum := rc.Measured, rc.MeasuredP95
 	// A sandbox without a measured rate yet is expected to use what the
 	// node's measured sandboxes use on average (floored); with too few of
 	// those to go by, the policy's fraction of its request.
@@ -517,26 +584,8 @@ func (a *admission) usage(h hostReading) scheduler.NodeUsage {
 		}
 		return min(request, max(measuredSum/float64(measured), minExpectedCPU))
 	}
-	for _, req := range unmeasured {
-		u.CPUUsedP95 += a.expected(req)
-	}
-	now := time.Now()
-	for id, p := range a.pending {
-		st, ok := listed[id]
-		switch {
-		case ok && st != node.StateCreating:
-			delete(a.pending, id) // running: measured above (or gone dead)
-			continue
-		case ok:
-			p.seen = true
-			a.pending[id] = p
-		case p.seen || now.Sub(p.at) > pendingTTL:
-			delete(a.pending, id) // its create failed
-			continue
-		}
-		u.CPUUsedP95 += p.cpu
-		u.MemoryHeld += p.mem
-		u.Sandboxes++
+	for _, r := range rc.Unmeasured {
+		u.CPUUsedP95 += a.expected(r.CPU) * float64(r.Count)
 	}
 	return u
 }

@@ -163,3 +163,74 @@ func signalNumber(s string) int {
 	}
 	return 0
 }
+
+func newSandboxExecsCmd(a *app) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "execs ID",
+		Short: "List a sandbox's execs: running ones and the ended ones its exec history keeps",
+		Args:  exactArgs(1, "a sandbox ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			execs, err := c.ListExecs(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, execs)
+			}
+			now := time.Now()
+			t := newTable(a.stdout, "EXEC", "STATE", "EXIT", "STARTED", "OUTPUT", "COMMAND")
+			for _, e := range execs {
+				state, exit, kept := "running", "-", "-"
+				if r := e.Result; r != nil {
+					state, exit, kept = "ended", strconv.Itoa(r.ExitCode), formatSize(r.OutputBytes)
+					if r.Signal != "" {
+						exit += " (" + r.Signal + ")"
+					}
+				} else if !e.Running {
+					state = "lost"
+				}
+				command := e.Request.Shell
+				if command == "" {
+					command = strings.Join(e.Request.Args, " ")
+				}
+				t.row(e.ExecID, state, exit, age(e.StartedAt, now)+" ago", kept, command)
+			}
+			return t.flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newSandboxOutputCmd(a *app) *cobra.Command {
+	var stderr bool
+	cmd := &cobra.Command{
+		Use:   "output ID EXEC_ID [--stderr]",
+		Short: "Print the output the server kept of an exec (the tail, at most its output cap)",
+		Args:  exactArgs(2, "a sandbox ID and an exec ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			stream := client.Stdout
+			if stderr {
+				stream = client.Stderr
+			}
+			rc, err := c.ExecOutput(cmd.Context(), args[0], args[1], stream)
+			if err != nil {
+				return err
+			}
+			defer rc.Close()
+			_, err = io.Copy(a.stdout, rc)
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&stderr, "stderr", false, "print the kept stderr instead of stdout")
+	return cmd
+}

@@ -26,6 +26,8 @@ func newSandboxCmd(a *app) *cobra.Command {
 		newSandboxForkCmd(a),
 		newSandboxNetworkCmd(a),
 		newSandboxTimeoutCmd(a),
+		newSandboxExecsCmd(a),
+		newSandboxOutputCmd(a),
 	)
 	return cmd
 }

@@ -25,19 +25,23 @@ import (
 
 // serveOptions are the flags of `dsec serve`.
 type serveOptions struct {
-	dataDir    string
-	listen     []string
-	e2bListen  string
-	store      string
-	layers     string
-	cacheSize  string
-	gcGrace    time.Duration
-	nodeName   string
-	configFile string
-	cpu        float64
-	memory     string
-	disk       string
-	disks      string
+	dataDir string
+	// execHistory and execOutputKept bound what each sandbox keeps of its
+	// ended execs (node.ExecRetention).
+	execHistory    int
+	execOutputKept string
+	listen         []string
+	e2bListen      string
+	store          string
+	layers         string
+	cacheSize      string
+	gcGrace        time.Duration
+	nodeName       string
+	configFile     string
+	cpu            float64
+	memory         string
+	disk           string
+	disks          string
 	// sandboxesDir is where sandbox dirs go (set by runServe).
 	sandboxesDir string
 	diskFSSize   string
@@ -91,6 +95,8 @@ the server stops or is killed; started again, it adopts them.`,
 	f.StringVar(&o.disks, "disks", "auto", "how sandboxes' private layers are kept and limited: btrfs (a subvolume each with a quota, on DATA-DIR/node/private: a btrfs mount, or an image made and mounted there), loop (an ext4 image and loop device each), or auto (btrfs when the kernel and mkfs.btrfs allow, else loop)")
 	f.StringVar(&o.diskFSSize, "disk-fs-size", "", "size of the node's btrfs image for --disks btrfs when it is made (default the free space of DATA-DIR's file system); sandboxes' limits may add up to more")
 	f.Int64Var(&o.pids, "default-pids", 512, "pids limit of a sandbox that names none")
+	f.IntVar(&o.execHistory, "exec-history", node.DefaultMaxEndedExecs, "ended execs (result and kept output) each sandbox keeps; the oldest are forgotten first")
+	f.StringVar(&o.execOutputKept, "exec-output-kept", "64Mi", "output of ended execs each sandbox keeps on the node, all execs together; the oldest are forgotten first, the newest always kept")
 	f.StringVar(&o.swap, "swap", "", "compressed swap tier to set up while serving, e.g. zram:4Gi (off by default)")
 	f.DurationVar(&o.reclaimIdle, "reclaim-idle-after", 0, "push cold memory of sandboxes idle this long out (0 = off)")
 	f.Float64Var(&o.overcommit, "cpu-overcommit", 20, "admit sandboxes while measured CPU use stays under cores x this")

@@ -62,6 +62,13 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 	if err != nil {
 		return usagef("--default-disk: %v", err)
 	}
+	outputKept, err := parseSize(o.execOutputKept)
+	if err != nil || outputKept <= 0 {
+		return usagef("--exec-output-kept %q: want a positive size such as 64Mi", o.execOutputKept)
+	}
+	if o.execHistory <= 0 {
+		return usagef("--exec-history %d: want at least 1", o.execHistory)
+	}
 	if o.dataDir, err = filepath.Abs(o.dataDir); err != nil {
 		return err
 	}
@@ -177,6 +184,7 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 		DefaultCPU: o.cpu, DefaultMemoryBytes: memory, DefaultPids: o.pids, DefaultDiskBytes: disk,
 		DefaultEnv:    []string{"HOME=/root", "TERM=xterm"},
 		TaskSchedIdle: eff.taskSchedIdle, Features: eff.features,
+		Execs: node.ExecRetention{MaxEnded: o.execHistory, MaxOutputBytes: outputKept},
 	}, node.Deps{
 		Runtime: rt, Images: imgs, Layers: newLayerLeases(ld), Committer: imgs, Network: netw,
 		Files: sandboxfs.Opener(), Stats: eff.stats, Admission: eff.adm,
@@ -202,6 +210,7 @@ func runServe(ctx context.Context, o *serveOptions) (err error) {
 	nodeName := agent.Name()
 	svc, err := api.NewService(api.Config{
 		DataDir: o.dataDir, DefaultCPU: o.cpu, DefaultMemoryBytes: memory, DefaultDiskBytes: disk,
+		ExecHistory: o.execHistory,
 	}, st, api.StaticNodes{nodeName: agent}, imgs, log.With("component", "api"))
 	if err != nil {
 		return err

@@ -60,6 +60,10 @@ type Config struct {
 	// NodeTimeout bounds control-plane calls to nodes made on its own
 	// behalf (reconcile, timers, metrics); default 30s.
 	NodeTimeout time.Duration
+	// ExecHistory is how many ended execs' results are kept per sandbox,
+	// the oldest forgotten first (default node.DefaultMaxEndedExecs); the
+	// node bounds their kept output (node.ExecRetention).
+	ExecHistory int
 	Clock       Clock
 }
 
@@ -91,11 +95,14 @@ func (c *Config) setDefaults() error {
 	if c.NodeTimeout == 0 {
 		c.NodeTimeout = 30 * time.Second
 	}
+	if c.ExecHistory == 0 {
+		c.ExecHistory = node.DefaultMaxEndedExecs
+	}
 	if c.Clock == nil {
 		c.Clock = realClock{}
 	}
 	if c.DefaultCPU < 0 || c.DefaultMemoryBytes < 0 || c.DefaultDiskBytes < 0 || c.DefaultIdleTTL < 0 ||
-		c.DefaultMaxLifetime < 0 || c.MaxLifetimeCap < 0 || c.MaxFork < 0 || c.ReapInterval < 0 || c.AuditMaxBytes < 0 {
+		c.DefaultMaxLifetime < 0 || c.MaxLifetimeCap < 0 || c.MaxFork < 0 || c.ReapInterval < 0 || c.AuditMaxBytes < 0 || c.ExecHistory < 0 {
 		return fmt.Errorf("api: config: negative value: %w", errdefs.ErrInvalidArgument)
 	}
 	return nil

@@ -251,6 +251,7 @@ func (s *ControlPlane) removeRecord(ctx context.Context, id string) error {
 		s.index.remove(id)
 		return nil
 	})
+	s.forgetExecCount(id)
 	if err != nil {
 		s.index.resync(ctx, s.st, id)
 	}

@@ -170,7 +170,42 @@ func (s *ControlPlane) ListExecs(ctx context.Context, c Caller, sandboxID string
 		}
 		return out[i].ExecID < out[j].ExecID
 	})
+	// The store is pruned in steps (flushExecs): list what the history
+	// keeps, and every exec still running.
+	ended := 0
+	for _, e := range out {
+		if !e.Running {
+			ended++
+		}
+	}
+	if drop := ended - s.cfg.ExecHistory; drop > 0 {
+		kept := out[:0]
+		for _, e := range out {
+			if !e.Running && drop > 0 {
+				drop--
+				continue
+			}
+			kept = append(kept, e)
+		}
+		out = kept
+	}
 	return out, nil
+}
+
+// ExecOutput implements Service.
+func (s *ControlPlane) ExecOutput(ctx context.Context, c Caller, sandboxID, execID, stream string) (_ io.ReadCloser, _ int64, err error) {
+	defer s.done(c, "ExecOutput", &sandboxID, &err)
+	if stream != runtime.StdoutLog && stream != runtime.StderrLog {
+		return nil, 0, invalid("stream %q: want stdout or stderr", stream)
+	}
+	a, err := s.execAgent(ctx, c, sandboxID, execID)
+	if err != nil {
+		return nil, 0, err
+	}
+	if a == nil {
+		return nil, 0, fmt.Errorf("sandbox %s is dead: the output of its execs is not kept: %w", sandboxID, errdefs.ErrNotFound)
+	}
+	return a.ExecOutput(ctx, sandboxID, execID, stream)
 }
 
 // SignalExec implements Service.

@@ -2,6 +2,8 @@ package api
 
 import (
 	"context"
+	"encoding/json"
+	"sort"
 	"sync"
 	"time"
 
@@ -23,6 +25,10 @@ type execResults struct {
 	mu      sync.Mutex
 	pending map[string]node.ExecInfo // by execKey
 	armed   bool
+	// kept counts the committed results of each sandbox that had one
+	// since this process started, so that pruning to Config.ExecHistory
+	// costs a count only on a sandbox's first commit.
+	kept map[string]int
 }
 
 // recordExec queues info and makes sure a flush follows.
@@ -76,6 +82,14 @@ func (s *ControlPlane) flushExecs(ctx context.Context) {
 	if len(batch) == 0 {
 		return
 	}
+	r.mu.Lock()
+	counts := make(map[string]int, len(batch))
+	for _, info := range batch {
+		if n, ok := r.kept[info.SandboxID]; ok {
+			counts[info.SandboxID] = n
+		}
+	}
+	r.mu.Unlock()
 	err := s.st.Update(ctx, func(tx store.Tx) error {
 		for k, info := range batch {
 			// A sandbox deleted meanwhile took its exec records along.
@@ -85,15 +99,47 @@ func (s *ControlPlane) flushExecs(ctx context.Context) {
 			} else if err != nil {
 				return err
 			}
+			n, ok := counts[info.SandboxID]
+			if !ok {
+				var err error
+				if n, err = countExecs(ctx, tx, info.SandboxID); err != nil {
+					return err
+				}
+			}
+			var old node.ExecInfo
+			if err := tx.Get(ctx, store.BucketExecs, k, &old); errdefs.IsNotFound(err) {
+				n++
+			} else if err != nil {
+				return err
+			}
 			if err := tx.Put(ctx, store.BucketExecs, k, info); err != nil {
 				return err
 			}
+			// Pruned in steps of an eighth of the history, so that the
+			// records are read and sorted once per so many execs.
+			if n > s.cfg.ExecHistory+max(1, s.cfg.ExecHistory/8) {
+				var err error
+				if n, err = pruneExecs(ctx, tx, info.SandboxID, s.cfg.ExecHistory); err != nil {
+					return err
+				}
+			}
+			counts[info.SandboxID] = n
 		}
 		return nil
 	})
 	if err != nil {
 		s.log.Warn("recording exec results", "n", len(batch), "err", err)
 	}
+	r.mu.Lock()
+	if err == nil {
+		if r.kept == nil {
+			r.kept = map[string]int{}
+		}
+		for id, n := range counts {
+			r.kept[id] = n
+		}
+	}
+	r.mu.Unlock()
 	r.mu.Lock()
 	for k, v := range batch {
 		// A newer result for the same exec stays queued.
@@ -102,4 +148,48 @@ func (s *ControlPlane) flushExecs(ctx context.Context) {
 		}
 	}
 	r.mu.Unlock()
+}
+
+// forgetExecCount drops the count of a deleted sandbox.
+func (s *ControlPlane) forgetExecCount(sandboxID string) {
+	s.execs.mu.Lock()
+	delete(s.execs.kept, sandboxID)
+	s.execs.mu.Unlock()
+}
+
+func countExecs(ctx context.Context, tx store.Tx, sandboxID string) (int, error) {
+	n := 0
+	err := tx.List(ctx, store.BucketExecs, sandboxID+"/", func(string, []byte) error {
+		n++
+		return nil
+	})
+	return n, err
+}
+
+// pruneExecs deletes all but the keep newest (by start) exec records of a
+// sandbox and returns how many are left.
+func pruneExecs(ctx context.Context, tx store.Tx, sandboxID string, keep int) (int, error) {
+	type dated struct {
+		key string
+		at  time.Time
+	}
+	var all []dated
+	err := tx.List(ctx, store.BucketExecs, sandboxID+"/", func(k string, v []byte) error {
+		var info struct {
+			StartedAt time.Time `json:"started_at"`
+		}
+		_ = json.Unmarshal(v, &info) // unreadable: zero time, the first to go
+		all = append(all, dated{k, info.StartedAt})
+		return nil
+	})
+	if err != nil || len(all) <= keep {
+		return len(all), err
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].at.Before(all[j].at) })
+	for _, d := range all[:len(all)-keep] {
+		if err := tx.Delete(ctx, store.BucketExecs, d.key); err != nil {
+			return 0, err
+		}
+	}
+	return keep, nil
 }

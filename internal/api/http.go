@@ -118,6 +118,7 @@ func NewHandler(svc Service, opts ...HandlerOption) http.Handler {
 		"GET /v1/sandboxes/{id}/execs":               h.listExecs,
 		"GET /v1/sandboxes/{id}/execs/{eid}":         h.getExec,
 		"GET /v1/sandboxes/{id}/execs/{eid}/wait":    h.waitExec,
+		"GET /v1/sandboxes/{id}/execs/{eid}/output":  h.execOutput,
 		"POST /v1/sandboxes/{id}/execs/{eid}/signal": h.signalExec,
 		"GET /v1/sandboxes/{id}/files":               h.readFile,
 		"PUT /v1/sandboxes/{id}/files":               h.writeFile,

@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dsec-dev/dsec/internal/node"
+	"github.com/dsec-dev/dsec/internal/runtime"
 )
 
 func (h *handler) createSandbox(w http.ResponseWriter, r *http.Request, c Caller) error {
@@ -206,6 +208,32 @@ func (h *handler) waitExec(w http.ResponseWriter, r *http.Request, c Caller) err
 		return err
 	}
 	return writeJSON(w, http.StatusOK, res)
+}
+
+// execOutput sends the kept tail of one stream of an exec as raw bytes.
+func (h *handler) execOutput(w http.ResponseWriter, r *http.Request, c Caller) error {
+	id, eid, err := execIDs(r)
+	if err != nil {
+		return err
+	}
+	stream := r.URL.Query().Get("stream")
+	if stream == "" {
+		stream = runtime.StdoutLog
+	}
+	rc, n, err := h.svc.ExecOutput(r.Context(), c, id, eid, stream)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+	w.WriteHeader(http.StatusOK)
+	// Of a running exec the files may grow while they are sent: send what
+	// was announced.
+	if _, err := io.CopyN(w, rc, n); err != nil {
+		h.cfg.log.Debug("exec output cut short", "sandbox", id, "exec", eid, "err", err)
+	}
+	return nil
 }
 
 // SignalRequest is the body of POST .../execs/{eid}/signal.

@@ -609,3 +609,86 @@ func TestExecResultsBatched(t *testing.T) {
 		t.Fatalf("%d exec records written for a deleted sandbox", n)
 	}
 }
+
+// A sandbox keeps the results of its newest Config.ExecHistory ended execs:
+// the store is pruned as results are committed, lists show that many and
+// every running exec, and kept output is served per stream.
+func TestExecHistoryPrunesRecords(t *testing.T) {
+	const history = 4
+	e := newEnv(t, func(c *Config) { c.ExecHistory = history })
+	alice := e.tenant("alice", Quota{})
+	ctx := context.Background()
+	sb := e.create(alice, node.SandboxSpec{})
+	running, err := e.svc.StartExec(ctx, Caller{Tenant: "alice"}, node.ExecRequest{SandboxID: sb.ID, Args: []string{"sleep"}}, noIO())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = e.svc.SignalExec(ctx, Caller{Tenant: "alice"}, sb.ID, running.ExecID, 9) }()
+	var ids []string
+	for i := range 12 {
+		r := e.doExec(alice, sb.ID, node.ExecRequest{Args: []string{"echo", fmt.Sprint("run ", i)}}, "")
+		if r.result == nil {
+			t.Fatal("exec failed")
+		}
+		ids = append(ids, r.execID)
+		time.Sleep(time.Millisecond) // distinct start times
+	}
+	stored := func() int {
+		n := 0
+		_ = e.st.List(ctx, store.BucketExecs, sb.ID+"/", func(string, []byte) error { n++; return nil })
+		return n
+	}
+	waitFor(t, func() bool {
+		_, pending := e.svc.pendingExec(sb.ID, ids[len(ids)-1])
+		return !pending && stored() > 0
+	})
+	if n := stored(); n < history || n > history+1 {
+		t.Fatalf("%d exec records stored, want %d to %d", n, history, history+1)
+	}
+	var newest node.ExecInfo
+	if err := e.st.Get(ctx, store.BucketExecs, execKey(sb.ID, ids[len(ids)-1]), &newest); err != nil {
+		t.Fatalf("newest result not stored: %v", err)
+	}
+
+	var listed []node.ExecInfo
+	e.doJSON("GET", "/v1/sandboxes/"+sb.ID+"/execs", alice, nil, http.StatusOK, &listed)
+	var ended, live []string
+	for _, x := range listed {
+		if x.Running {
+			live = append(live, x.ExecID)
+		} else {
+			ended = append(ended, x.ExecID)
+		}
+	}
+	if got, want := strings.Join(ended, ","), strings.Join(ids[len(ids)-history:], ","); got != want {
+		t.Fatalf("listed ended execs %s, want the newest %d: %s", got, history, want)
+	}
+	if len(live) != 1 || live[0] != running.ExecID {
+		t.Fatalf("running execs listed: %v, want the sleeping one", live)
+	}
+
+	for _, tc := range []struct {
+		query  string
+		status int
+		body   string
+	}{
+		{"", http.StatusOK, "run 11\n"},
+		{"?stream=stdout", http.StatusOK, "run 11\n"},
+		{"?stream=stderr", http.StatusOK, ""},
+		{"?stream=stdin", http.StatusBadRequest, ""},
+	} {
+		r := e.do("GET", "/v1/sandboxes/"+sb.ID+"/execs/"+ids[11]+"/output"+tc.query, alice, nil)
+		if r.status != tc.status || (tc.status == http.StatusOK && string(r.body) != tc.body) {
+			t.Fatalf("output%s: %d %q, want %d %q", tc.query, r.status, r.body, tc.status, tc.body)
+		}
+	}
+	bob := e.tenant("bob", Quota{})
+	if r := e.do("GET", "/v1/sandboxes/"+sb.ID+"/execs/"+ids[11]+"/output", bob, nil); r.status != http.StatusNotFound {
+		t.Fatalf("another tenant read the output: %d %s", r.status, r.body)
+	}
+
+	e.doJSON("DELETE", "/v1/sandboxes/"+sb.ID, alice, nil, http.StatusNoContent, nil)
+	if n := stored(); n != 0 {
+		t.Fatalf("%d exec records left after delete", n)
+	}
+}

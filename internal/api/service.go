@@ -118,6 +118,9 @@ type Service interface {
 	GetExec(ctx context.Context, c Caller, sandboxID, execID string) (*node.ExecInfo, error)
 	ListExecs(ctx context.Context, c Caller, sandboxID string) ([]node.ExecInfo, error)
 	SignalExec(ctx context.Context, c Caller, sandboxID, execID string, signal int) error
+	// ExecOutput reads the kept tail of an exec's "stdout" or "stderr"
+	// (at most its output cap), with its size, while its sandbox lives.
+	ExecOutput(ctx context.Context, c Caller, sandboxID, execID, stream string) (io.ReadCloser, int64, error)
 
 	ReadFile(ctx context.Context, c Caller, sandboxID, path string) (io.ReadCloser, *node.FileInfo, error)
 	WriteFile(ctx context.Context, c Caller, sandboxID, path string, mode os.FileMode, r io.Reader) (*node.FileInfo, error)

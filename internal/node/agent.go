@@ -203,6 +203,9 @@ type Agent interface {
 	GetExec(ctx context.Context, sandboxID, execID string) (*ExecInfo, error)
 	ListExecs(ctx context.Context, sandboxID string) ([]ExecInfo, error)
 	SignalExec(ctx context.Context, sandboxID, execID string, signal int) error
+	// ExecOutput reads the kept tail of an exec's "stdout" or "stderr"
+	// (at most its output cap), with its size in bytes.
+	ExecOutput(ctx context.Context, sandboxID, execID, stream string) (io.ReadCloser, int64, error)
 
 	ReadFile(ctx context.Context, sandboxID, path string) (io.ReadCloser, *FileInfo, error)
 	WriteFile(ctx context.Context, sandboxID, path string, mode os.FileMode, r io.Reader) (*FileInfo, error)

@@ -45,6 +45,9 @@ type Config struct {
 	// Features are reported as is in NodeInfo.Features (what the node
 	// detected: swap tier, DAMON, reclaim settings).
 	Features map[string]string
+
+	// Execs bounds what each sandbox keeps of its ended execs.
+	Execs ExecRetention
 }
 
 // Deps are the mechanisms the agent drives. Network and Admission may be nil.
@@ -82,7 +85,8 @@ type sandbox struct {
 	rec      Sandbox
 	releases []func()
 	attached bool
-	execs    map[string]*execEntry
+	execs    map[string]*execEntry // of this server process
+	history  execHistory
 	// resident is rec's resource view as last persisted, readable
 	// without mu (which a create or snapshot holds for long).
 	resident atomic.Pointer[Resident]
@@ -129,6 +133,25 @@ func (l *Local) EachResident(fn func(Resident)) {
 	}
 }
 
+// Resident is what EachResident would give for one sandbox: admission
+// looks up the few sandboxes it admitted, not every one.
+func (l *Local) Resident(id string) (Resident, bool) {
+	l.mu.RLock()
+	sb := l.sbs[id]
+	l.mu.RUnlock()
+	if sb == nil {
+		return Resident{}, false
+	}
+	if r := sb.resident.Load(); r != nil {
+		return *r, true
+	}
+	if sb.mu.TryLock() { // a record adopted as dead and never persisted since
+		defer sb.mu.Unlock()
+		return sb.residentView(), true
+	}
+	return Resident{ID: id, State: StateCreating}, true
+}
+
 type execEntry struct {
 	info ExecInfo
 	exec runtime.Exec
@@ -147,6 +170,9 @@ func NewLocal(ctx context.Context, cfg Config, deps Deps, log *slog.Logger) (*Lo
 	}
 	if log == nil {
 		log = slog.Default()
+	}
+	if err := cfg.Execs.setDefaults(); err != nil {
+		return nil, err
 	}
 	l := &Local{cfg: cfg, deps: deps, log: log, sbs: map[string]*sandbox{}}
 	for _, d := range []string{l.metaDir(), l.sandboxesDir()} {
@@ -285,6 +311,10 @@ func (sb *sandbox) residentView() Resident {
 
 func (l *Local) persist(sb *sandbox) error {
 	sb.publish()
+	if l.deps.Stats != nil && sb.rec.State != StateRunning && sb.rec.State != StatePaused {
+		// Out of admission's sums the moment it is found dead.
+		l.deps.Stats.Forget(sb.rec.ID)
+	}
 	b, err := json.Marshal(&sb.rec)
 	if err != nil {
 		return err
@@ -590,6 +620,9 @@ func (l *Local) destroy(ctx context.Context, sb *sandbox) error {
 	id := sb.rec.ID
 	sb.rec.State = StateDeleted
 	sb.publish()
+	if l.deps.Stats != nil {
+		l.deps.Stats.Forget(id) // out of admission's sums as its delete begins
+	}
 	if err := os.Remove(l.metaPath(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		// Deleting goes on: a record left behind is adopted as dead
 		// after a restart, visible and deletable.

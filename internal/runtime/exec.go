@@ -330,6 +330,7 @@ func readResult(dir, execID string) (*ExecResult, bool, error) {
 	if err := json.Unmarshal(b, &res); err != nil {
 		return nil, false, fmt.Errorf("exec %s result: %w", execID, err)
 	}
+	res.OutputBytes = keptBytes(dir)
 	return &res, true, nil
 }
 
@@ -378,25 +379,96 @@ func (r *NamespaceRuntime) ExecResult(id, execID string) (*ExecResult, bool, err
 // ExecOutput returns the kept output of stream ("stdout" or "stderr") of an
 // exec: the tail of at most its output cap.
 func (r *NamespaceRuntime) ExecOutput(id, execID, stream string) ([]byte, error) {
-	if stream != StdoutLog && stream != StderrLog {
-		return nil, fmt.Errorf("stream %q: want stdout or stderr: %w", stream, errdefs.ErrInvalidArgument)
-	}
-	dir, err := r.execDir(id, execID)
+	rc, _, err := r.OpenExecOutput(id, execID, stream)
 	if err != nil {
 		return nil, err
 	}
-	older, err := os.ReadFile(filepath.Join(dir, stream+olderHalfSuffix))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, err
+	defer rc.Close()
+	return io.ReadAll(rc)
+}
+
+// OpenExecOutput implements Runtime: the older half of the kept tail, then
+// the current one. Of a running exec it is the tail as of now: a rotation
+// between the two opens can repeat or skip up to half the cap.
+func (r *NamespaceRuntime) OpenExecOutput(id, execID, stream string) (io.ReadCloser, int64, error) {
+	if stream != StdoutLog && stream != StderrLog {
+		return nil, 0, fmt.Errorf("stream %q: want stdout or stderr: %w", stream, errdefs.ErrInvalidArgument)
 	}
-	cur, err := os.ReadFile(filepath.Join(dir, stream))
-	if errors.Is(err, os.ErrNotExist) {
-		// Log files are created on first output.
-		if _, serr := os.Stat(dir); serr != nil {
-			return nil, fmt.Errorf("exec %s: %w", execID, errdefs.ErrNotFound)
+	dir, err := r.execDir(id, execID)
+	if err != nil {
+		return nil, 0, err
+	}
+	if _, err := os.Stat(dir); err != nil {
+		return nil, 0, fmt.Errorf("exec %s: %w", execID, errdefs.ErrNotFound)
+	}
+	out := &keptOutput{}
+	for _, name := range []string{stream + olderHalfSuffix, stream} {
+		f, err := os.Open(filepath.Join(dir, name))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // log files are created on first output
 		}
-	} else if err != nil {
-		return nil, err
+		if err == nil {
+			var st os.FileInfo
+			if st, err = f.Stat(); err == nil {
+				out.files = append(out.files, f)
+				out.size += st.Size()
+				continue
+			}
+			f.Close()
+		}
+		out.Close()
+		return nil, 0, err
 	}
-	return append(older, cur...), nil
+	readers := make([]io.Reader, len(out.files))
+	for i, f := range out.files {
+		readers[i] = f
+	}
+	out.r = io.MultiReader(readers...)
+	return out, out.size, nil
+}
+
+// keptOutput reads the halves of a kept stream in order.
+type keptOutput struct {
+	r     io.Reader
+	files []*os.File
+	size  int64
+}
+
+func (k *keptOutput) Read(p []byte) (int, error) { return k.r.Read(p) }
+
+func (k *keptOutput) Close() error {
+	for _, f := range k.files {
+		f.Close()
+	}
+	return nil
+}
+
+// keptBytes is what an exec's kept output takes on disk (both streams,
+// both halves).
+func keptBytes(dir string) int64 {
+	var n int64
+	for _, name := range []string{StdoutLog, StdoutLog + olderHalfSuffix, StderrLog, StderrLog + olderHalfSuffix} {
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join(dir, name), &st) == nil {
+			n += st.Size
+		}
+	}
+	return n
+}
+
+// RemoveExec implements Runtime.
+func (r *NamespaceRuntime) RemoveExec(id, execID string) error {
+	dir, err := r.execDir(id, execID)
+	if err != nil {
+		return err
+	}
+	_, done, err := r.ExecResult(id, execID)
+	switch {
+	case errdefs.IsNotFound(err):
+		return err
+	case err == nil && !done:
+		return fmt.Errorf("exec %s is still running: %w", execID, errdefs.ErrFailedPrecondition)
+	}
+	// Ended, or its shim died without a result: nothing will write here.
+	return os.RemoveAll(dir)
 }

@@ -80,6 +80,9 @@ type ExecResult struct {
 	StderrTruncated bool          `json:"stderr_truncated,omitempty"`
 	OutputCap       int64         `json:"output_cap"`
 	Duration        time.Duration `json:"duration_ns"`
+	// OutputBytes is what the node keeps of the output (both streams), on
+	// disk until the exec is pruned or its sandbox deleted.
+	OutputBytes int64 `json:"output_bytes,omitempty"`
 }
 
 // Exec is a started process.
@@ -115,6 +118,12 @@ type Runtime interface {
 	// ExecResult returns the recorded result of a finished exec, also one
 	// that ended while no server was running. done=false while it runs.
 	ExecResult(id, execID string) (res *ExecResult, done bool, err error)
+	// OpenExecOutput reads the kept tail of an exec's "stdout" or
+	// "stderr", with its size in bytes.
+	OpenExecOutput(id, execID, stream string) (io.ReadCloser, int64, error)
+	// RemoveExec forgets an ended exec: its result and kept output. A
+	// running exec is an ErrFailedPrecondition error.
+	RemoveExec(id, execID string) error
 	Pause(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string) error
 	// Destroy kills every process and removes every mount, cgroup and

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -201,6 +202,57 @@ func TestExecErrors(t *testing.T) {
 	}
 	if _, err := e.rt.ExecOutput("exerr", "0123456789abcdef", "stdin"); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("bad stream: %v", err)
+	}
+}
+
+// An ended exec's kept output is counted, read in order across its two
+// halves, and removed on request; a running exec cannot be removed.
+func TestExecOutputKeptAndRemoved(t *testing.T) {
+	e := newEnv(t)
+	e.create("kept")
+	// 3 KiB of stdout under a 2 KiB cap: the halves rotate and the tail
+	// of at most the cap is kept.
+	r, err := e.run("kept", runtime.Process{Args: []string{"sh", "-c", "seq 1000 | head -c 3072; echo oops >&2"}, OutputCap: 2048}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, n, err := e.rt.OpenExecOutput("kept", r.ExecID, runtime.StdoutLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || int64(len(b)) != n || !strings.HasSuffix(r.stdout, string(b)) || len(b) < 1024 || len(b) > 2048 {
+		t.Fatalf("kept stdout: %d bytes (size %d), %v; not a tail of the %d bytes printed", len(b), n, err, len(r.stdout))
+	}
+	if want := n + int64(len("oops\n")); r.OutputBytes != want {
+		t.Fatalf("result counts %d bytes of kept output, want %d", r.OutputBytes, want)
+	}
+
+	e2, err := e.rt.Start(context.Background(), "kept", runtime.Process{Args: []string{"sleep", "30"}}, runtime.IO{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rt.RemoveExec("kept", e2.ID()); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("removing a running exec: %v", err)
+	}
+	_ = e2.Signal(syscall.SIGKILL)
+	if _, err := e2.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{r.ExecID, e2.ID()} {
+		if err := e.rt.RemoveExec("kept", id); err != nil {
+			t.Fatalf("remove %s: %v", id, err)
+		}
+		if _, _, err := e.rt.OpenExecOutput("kept", id, runtime.StdoutLog); !errdefs.IsNotFound(err) {
+			t.Fatalf("output of a removed exec: %v", err)
+		}
+		if err := e.rt.RemoveExec("kept", id); !errdefs.IsNotFound(err) {
+			t.Fatalf("removing twice: %v", err)
+		}
+	}
+	if err := e.rt.RemoveExec("kept", "../../etc"); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("malformed exec id: %v", err)
 	}
 }
 

@@ -323,6 +323,7 @@ class ExecResult:
         self.stdout_truncated: bool = bool(wire.get("stdout_truncated", False))
         self.stderr_truncated: bool = bool(wire.get("stderr_truncated", False))
         self.duration: float = wire.get("duration_ns", 0) / 1e9
+        self.output_bytes: int = wire.get("output_bytes", 0)
         self.stdout_bytes = stdout
         self.stderr_bytes = stderr
 
@@ -770,6 +771,20 @@ class Sandbox:
 
     def wait_exec(self, exec_id: str) -> ExecResult:
         return ExecResult(self._client._call("GET", self._path("/execs/" + _q(_need(exec_id, "exec id")) + "/wait")))
+
+    def exec_output(self, exec_id: str, stream: str = "stdout") -> bytes:
+        """The output the server kept of an exec's stream ("stdout" or
+        "stderr"): the tail of at most its output cap, also after the call
+        that started it went away, while the sandbox keeps it in its exec
+        history."""
+        if stream not in ("stdout", "stderr"):
+            raise InvalidArgument("stream must be 'stdout' or 'stderr', got %r" % (stream,))
+        conn, resp = self._client._open("GET", self._path("/execs/" + _q(_need(exec_id, "exec id")) + "/output"),
+                                        {"stream": stream}, headers={"Accept": "application/octet-stream"})
+        try:
+            return resp.read()
+        finally:
+            conn.close()
 
     def signal_exec(self, exec_id: str, signal: int) -> None:
         if not isinstance(signal, int) or not 1 <= signal <= 64:

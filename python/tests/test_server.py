@@ -233,6 +233,16 @@ class TestExec(ServerTest):
         with self.assertRaises(dsec.NotFound):
             self.sb.wait_exec("no-such-exec")
 
+    def test_exec_output_kept(self):
+        r = self.sb.exec("echo kept; echo also >&2")
+        self.assertEqual(self.sb.exec_output(r.exec_id), b"kept\n")
+        self.assertEqual(self.sb.exec_output(r.exec_id, "stderr"), b"also\n")
+        self.assertEqual(self.sb.wait_exec(r.exec_id).output_bytes, len(b"kept\nalso\n"))
+        with self.assertRaises(dsec.InvalidArgument):
+            self.sb.exec_output(r.exec_id, "stdin")
+        with self.assertRaises(dsec.NotFound):
+            self.sb.exec_output("0123456789abcdef")
+
     def test_missing_sandbox(self):
         ghost = dsec.Sandbox(self.client, {"id": "sb-ghost"})
         with self.assertRaises(dsec.NotFound):

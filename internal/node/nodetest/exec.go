@@ -1,6 +1,7 @@
 package nodetest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -21,6 +22,8 @@ type fakeExec struct {
 	done   chan struct{}
 	sig    chan int
 	result *runtime.ExecResult
+	// kept is the output kept per stream, as a node keeps it.
+	kept map[string]*bytes.Buffer
 }
 
 func (e *fakeExec) kill(sig int) {
@@ -61,6 +64,7 @@ func (f *Fake) StartExec(ctx context.Context, req node.ExecRequest, pio runtime.
 		info: node.ExecInfo{ExecID: id, SandboxID: req.SandboxID, Pid: 1000 + f.execSeq, Request: req, Running: true, StartedAt: time.Now()},
 		done: make(chan struct{}),
 		sig:  make(chan int, 1),
+		kept: map[string]*bytes.Buffer{runtime.StdoutLog: {}, runtime.StderrLog: {}},
 	}
 	sb.execs[id] = e
 	f.mu.Unlock()
@@ -72,13 +76,7 @@ func (f *Fake) StartExec(ctx context.Context, req node.ExecRequest, pio runtime.
 func (e *fakeExec) run(args []string, timeout time.Duration, pio runtime.IO) {
 	start := time.Now()
 	res := runtime.ExecResult{ExecID: e.info.ExecID, Pid: e.info.Pid}
-	stdout, stderr := pio.Stdout, pio.Stderr
-	if stdout == nil {
-		stdout = io.Discard
-	}
-	if stderr == nil {
-		stderr = io.Discard
-	}
+	stdout, stderr := e.keep(runtime.StdoutLog, pio.Stdout), e.keep(runtime.StderrLog, pio.Stderr)
 	switch args[0] {
 	case "echo":
 		_, _ = io.WriteString(stdout, strings.Join(args[1:], " ")+"\n")
@@ -114,6 +112,26 @@ func (e *fakeExec) run(args []string, timeout time.Duration, pio runtime.IO) {
 	e.result = &res
 	e.mu.Unlock()
 	close(e.done)
+}
+
+// keep returns a writer to w (nil: none) that also keeps what is written.
+func (e *fakeExec) keep(stream string, w io.Writer) io.Writer {
+	k := &keptWriter{e: e, buf: e.kept[stream]}
+	if w == nil {
+		return k
+	}
+	return io.MultiWriter(w, k)
+}
+
+type keptWriter struct {
+	e   *fakeExec
+	buf *bytes.Buffer
+}
+
+func (k *keptWriter) Write(p []byte) (int, error) {
+	k.e.mu.Lock()
+	defer k.e.mu.Unlock()
+	return k.buf.Write(p)
 }
 
 func (f *Fake) exec(sandboxID, execID string) (*fakeExec, error) {
@@ -178,6 +196,22 @@ func (f *Fake) ListExecs(ctx context.Context, sandboxID string) ([]node.ExecInfo
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].StartedAt.Before(out[j].StartedAt) })
 	return out, nil
+}
+
+// ExecOutput implements node.Agent.
+func (f *Fake) ExecOutput(ctx context.Context, sandboxID, execID, stream string) (io.ReadCloser, int64, error) {
+	f.count("ExecOutput")
+	if stream != runtime.StdoutLog && stream != runtime.StderrLog {
+		return nil, 0, fmt.Errorf("stream %q: want stdout or stderr: %w", stream, errdefs.ErrInvalidArgument)
+	}
+	e, err := f.exec(sandboxID, execID)
+	if err != nil {
+		return nil, 0, err
+	}
+	e.mu.Lock()
+	b := bytes.Clone(e.kept[stream].Bytes())
+	e.mu.Unlock()
+	return io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
 }
 
 // SignalExec implements node.Agent.
