@@ -65,7 +65,8 @@ type endedExec struct {
 }
 
 // retire adds an ended exec to its sandbox's history and forgets the
-// oldest ones beyond the retention bounds.
+// oldest ones beyond the retention bounds. It runs once the exec's waiters
+// have been released.
 func (l *Local) retire(sb *sandbox, sandboxID, execID string, outputBytes int64) {
 	h := &sb.history
 	h.mu.Lock()
@@ -75,7 +76,13 @@ func (l *Local) retire(sb *sandbox, sandboxID, execID string, outputBytes int64)
 	}
 	h.ended = append(h.ended, endedExec{id: execID, bytes: outputBytes})
 	h.bytes += outputBytes
+	// From now on the exec is read from its record and the runtime's
+	// result (loadExec): the server holds ~40 bytes per ended exec, not
+	// its request and result.
 	var forget []string
+	sb.mu.Lock()
+	delete(sb.execs, execID)
+	sb.mu.Unlock()
 	limit := l.cfg.Execs
 	for len(h.ended) > 1 && (len(h.ended) > limit.MaxEnded || h.bytes > limit.MaxOutputBytes) {
 		old := h.ended[0]
@@ -84,14 +91,6 @@ func (l *Local) retire(sb *sandbox, sandboxID, execID string, outputBytes int64)
 		forget = append(forget, old.id)
 	}
 	h.mu.Unlock()
-	if len(forget) == 0 {
-		return
-	}
-	sb.mu.Lock()
-	for _, id := range forget {
-		delete(sb.execs, id)
-	}
-	sb.mu.Unlock()
 	for _, id := range forget {
 		// The record first: a record whose output is gone would read as a
 		// lost exec after a restart.

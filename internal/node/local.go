@@ -252,6 +252,7 @@ func (l *Local) recover(ctx context.Context) error {
 		l.log.Info("node: adopted sandbox", "id", rec.ID, "state", sb.rec.State)
 	}
 	l.reapOrphans(ctx)
+	l.sweepExecRecords()
 	live := make([]string, 0, len(l.sbs))
 	for id, sb := range l.sbs {
 		if sb.rec.State == StateRunning || sb.rec.State == StatePaused {
@@ -262,6 +263,30 @@ func (l *Local) recover(ctx context.Context) error {
 		l.log.Warn("node: sync layer leases", "err", err)
 	}
 	return nil
+}
+
+// sweepExecRecords removes the exec records of sandboxes the node no
+// longer has: a delete cut short, or servers before 2026-11-30, whose
+// deletes left them behind.
+func (l *Local) sweepExecRecords() {
+	ents, err := os.ReadDir(l.metaDir())
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), ".execs")
+		if !ok || !validID(id) || l.sbs[id] != nil {
+			continue
+		}
+		if _, err := os.Lstat(l.metaPath(id)); err == nil {
+			continue // an unreadable record, kept aside with its execs
+		}
+		if err := os.RemoveAll(filepath.Join(l.metaDir(), e.Name())); err != nil {
+			l.log.Warn("node: remove exec records of a deleted sandbox", "id", id, "err", err)
+			continue
+		}
+		l.log.Info("node: removed exec records of a deleted sandbox", "id", id)
+	}
 }
 
 // reapOrphans removes the sandboxes whose directory exists without a
@@ -627,6 +652,11 @@ func (l *Local) destroy(ctx context.Context, sb *sandbox) error {
 		// Deleting goes on: a record left behind is adopted as dead
 		// after a restart, visible and deletable.
 		l.log.Warn("node: remove sandbox record", "id", id, "err", err)
+	}
+	// Its exec records go with it (the control plane keeps the results);
+	// a crash before this leaves them to the sweep at the next start.
+	if err := os.RemoveAll(l.execDir(id)); err != nil {
+		l.log.Warn("node: remove exec records", "id", id, "err", err)
 	}
 	for _, e := range sb.execs {
 		if e.exec != nil {

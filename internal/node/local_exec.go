@@ -120,10 +120,11 @@ func (l *Local) loadExec(sandboxID, execID string) (*ExecInfo, error) {
 	}
 	if info.Running {
 		res, done, err := l.deps.Runtime.ExecResult(sandboxID, execID)
+		// The record stays as written at start: the runtime's result
+		// completes it on every read (rewriting it would cost a flush).
 		if err == nil && done {
 			info.Running = false
 			info.Result = res
-			l.saveExec(&info)
 		} else if err != nil {
 			info.Running = false
 			info.Result = &runtime.ExecResult{ExecID: execID, ExitCode: -1, Signal: "lost"}
@@ -239,8 +240,12 @@ func (l *Local) SignalExec(ctx context.Context, sandboxID, execID string, signal
 	ent := sb.execs[execID]
 	sb.mu.Unlock()
 	if ent == nil {
-		if _, err := l.loadExec(sandboxID, execID); err != nil {
+		info, err := l.loadExec(sandboxID, execID)
+		if err != nil {
 			return err
+		}
+		if !info.Running {
+			return fmt.Errorf("exec %s has ended: %w", execID, errdefs.ErrFailedPrecondition)
 		}
 		return fmt.Errorf("exec %s was started by an earlier server process and can only be waited for: %w", execID, errdefs.ErrFailedPrecondition)
 	}

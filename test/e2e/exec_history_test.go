@@ -136,4 +136,26 @@ func TestExecHistoryBounded(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(sb.Runtime.Dir, "execs", after[2])); err != nil {
 		t.Fatalf("newest exec's output dir: %v", err)
 	}
+
+	// Deleting the sandbox takes the node's exec records along, and a
+	// start sweeps away records a delete left behind.
+	records := filepath.Join(s.dataDir, "node", "meta", sb.ID+".execs")
+	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(records); !os.IsNotExist(err) {
+		t.Fatalf("exec records of a deleted sandbox: %v", err)
+	}
+	stray := filepath.Join(s.dataDir, "node", "meta", "sb-0123456789abcdef.execs")
+	if err := os.MkdirAll(stray, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stray, "0123456789abcdef.json"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.kill()
+	s.start()
+	if _, err := os.Stat(stray); !os.IsNotExist(err) {
+		t.Fatalf("exec records without a sandbox survived a start: %v", err)
+	}
 }
