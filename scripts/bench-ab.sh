@@ -3,7 +3,8 @@
 # BIN, for comparing builds (run two binaries alternately, several rounds).
 # Root. Sandbox state lives under /var/tmp; the image is a busybox rootfs.
 #
-#   scripts/bench-ab.sh exec BIN [N]     dsec bench exec --n N --parallel 1
+#   scripts/bench-ab.sh exec BIN [N]     dsec bench exec --n N --parallel 1, and
+#                                        the server's CPU per exec
 #   scripts/bench-ab.sh create BIN [N]   dsec bench create --n N --parallel 2
 #   scripts/bench-ab.sh held BIN N       hold N idle sandboxes (bench density
 #                                        --keep), then bench create --n 200
@@ -41,7 +42,15 @@ server=$!
 for _ in $(seq 100); do [ -S "$w/s.sock" ] && break; sleep 0.1; done
 "$BIN" image import bench:1 "$rootfs" >/dev/null
 case $cmd in
-exec) "$BIN" bench exec --n "${N:-600}" --parallel 1 --image bench:1 --json ;;
+exec)
+  # Also the server's CPU per exec (utime+stime ticks of dsec serve).
+  cpu() { awk '{print $14+$15}' "/proc/$server/stat"; }
+  t0=$(cpu)
+  "$BIN" bench exec --n "${N:-600}" --parallel 1 --image bench:1 --json
+  t1=$(cpu)
+  awk -v t="$((t1 - t0))" -v n="${N:-600}" -v hz="$(getconf CLK_TCK)" \
+    'BEGIN { printf "server CPU per exec: %.3f ms\n", t * 1000 / hz / n }'
+  ;;
 create) "$BIN" bench create --n "${N:-300}" --parallel 2 --image bench:1 --json ;;
 held)
   "$BIN" bench density --n "$N" --parallel 2 --image bench:1 --settle 0s --keep --json

@@ -3,8 +3,10 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -93,16 +95,30 @@ func (l *Local) StartExec(ctx context.Context, req ExecRequest, pio runtime.IO) 
 }
 
 func (l *Local) saveExec(info *ExecInfo) {
-	dir := l.execDir(info.SandboxID)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		l.log.Error("node: save exec", "err", err)
-		return
-	}
 	b, _ := json.Marshal(info)
-	p := filepath.Join(dir, info.ExecID+".json")
-	if err := os.WriteFile(p+".tmp", b, 0o600); err == nil {
-		_ = os.Rename(p+".tmp", p)
+	p := filepath.Join(l.execDir(info.SandboxID), info.ExecID+".json")
+	// Written in place, not renamed into place: the name is new, and this
+	// is on every exec's path. A record cut short by a crash reads as
+	// unreadable (loadExec), which is what it is.
+	err := writeNew(p, b)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err = os.MkdirAll(filepath.Dir(p), 0o700); err == nil {
+			err = writeNew(p, b)
+		}
 	}
+	if err != nil {
+		l.log.Error("node: save exec", "sandbox", info.SandboxID, "exec", info.ExecID, "err", err)
+	}
+}
+
+// writeNew creates p, which must not exist, with b.
+func writeNew(p string, b []byte) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	return errors.Join(err, f.Close())
 }
 
 // loadExec finds an exec of an earlier server process on disk.
