@@ -1,14 +1,10 @@
 package node
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -57,6 +53,7 @@ type execHistory struct {
 	loaded bool
 	ended  []endedExec
 	bytes  int64 // kept output of ended
+	legacy bool  // node records of servers before 2026-11-30 exist
 }
 
 type endedExec struct {
@@ -71,7 +68,7 @@ func (l *Local) retire(sb *sandbox, sandboxID, execID string, outputBytes int64)
 	h := &sb.history
 	h.mu.Lock()
 	if !h.loaded {
-		h.ended, h.bytes = l.loadEnded(sb, sandboxID)
+		h.ended, h.bytes, h.legacy = l.loadEnded(sb, sandboxID)
 		h.loaded = true
 	}
 	h.ended = append(h.ended, endedExec{id: execID, bytes: outputBytes})
@@ -90,15 +87,14 @@ func (l *Local) retire(sb *sandbox, sandboxID, execID string, outputBytes int64)
 		h.bytes -= old.bytes
 		forget = append(forget, old.id)
 	}
+	legacy := h.legacy
 	h.mu.Unlock()
 	for _, id := range forget {
-		// The record first: a record whose output is gone would read as a
-		// lost exec after a restart.
-		if err := os.Remove(filepath.Join(l.execDir(sandboxID), id+".json")); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			l.log.Warn("node: forget exec record", "sandbox", sandboxID, "exec", id, "err", err)
-		}
 		if err := l.deps.Runtime.RemoveExec(sandboxID, id); err != nil && !errdefs.IsNotFound(err) {
-			l.log.Warn("node: forget exec output", "sandbox", sandboxID, "exec", id, "err", err)
+			l.log.Warn("node: forget exec", "sandbox", sandboxID, "exec", id, "err", err)
+		}
+		if legacy {
+			_ = os.Remove(filepath.Join(l.execDir(sandboxID), id+".json"))
 		}
 	}
 }
@@ -107,11 +103,13 @@ func (l *Local) retire(sb *sandbox, sandboxID, execID string, outputBytes int64)
 // oldest first. Execs of this process are left out: each retires itself
 // when it ends. So are execs still running, which stay until the sandbox
 // is deleted.
-func (l *Local) loadEnded(sb *sandbox, sandboxID string) ([]endedExec, int64) {
-	ents, err := os.ReadDir(l.execDir(sandboxID))
+func (l *Local) loadEnded(sb *sandbox, sandboxID string) (ended []endedExec, bytes int64, legacy bool) {
+	ids, err := l.execIDs(sandboxID)
 	if err != nil {
-		return nil, 0
+		return nil, 0, false
 	}
+	_, err = os.Stat(l.execDir(sandboxID))
+	legacy = err == nil
 	sb.mu.Lock()
 	ours := make(map[string]bool, len(sb.execs))
 	for id := range sb.execs {
@@ -123,35 +121,29 @@ func (l *Local) loadEnded(sb *sandbox, sandboxID string) ([]endedExec, int64) {
 		at time.Time
 	}
 	var found []dated
-	for _, e := range ents {
-		id, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || ours[id] {
+	for _, id := range ids {
+		if ours[id] {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(l.execDir(sandboxID), e.Name()))
-		if err != nil {
+		info, err := l.loadExec(sandboxID, id)
+		switch {
+		case err != nil:
+			found = append(found, dated{endedExec: endedExec{id: id}}) // unreadable: the first to go
 			continue
-		}
-		var info ExecInfo
-		if err := json.Unmarshal(b, &info); err != nil {
-			info = ExecInfo{} // unreadable: the first to go
-		}
-		res, done, err := l.deps.Runtime.ExecResult(sandboxID, id)
-		if err == nil && !done {
+		case info.Running:
 			continue
 		}
 		d := dated{endedExec: endedExec{id: id}, at: info.StartedAt}
-		if res != nil {
-			d.bytes = res.OutputBytes
+		if info.Result != nil {
+			d.bytes = info.Result.OutputBytes
 		}
 		found = append(found, d)
 	}
 	sort.Slice(found, func(i, j int) bool { return found[i].at.Before(found[j].at) })
-	out := make([]endedExec, len(found))
-	var total int64
+	ended = make([]endedExec, len(found))
 	for i, d := range found {
-		out[i] = d.endedExec
-		total += d.bytes
+		ended[i] = d.endedExec
+		bytes += d.bytes
 	}
-	return out, total
+	return ended, bytes, legacy
 }

@@ -3,10 +3,8 @@ package node
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -54,22 +52,22 @@ func (l *Local) StartExec(ctx context.Context, req ExecRequest, pio runtime.IO) 
 	if req.Shell != "" {
 		args = []string{"/bin/sh", "-c", req.Shell}
 	}
+	info := ExecInfo{SandboxID: req.SandboxID, Request: req, Running: true, StartedAt: time.Now()}
+	// The record that lets a restarted server find the exec is kept by the
+	// runtime with its result, so an exec creates no file of the node's.
+	record, err := json.Marshal(&info)
+	if err != nil {
+		return nil, err
+	}
 	e, err := l.deps.Runtime.Start(ctx, req.SandboxID, runtime.Process{
 		Args: args, Env: req.Env, Cwd: req.Cwd, User: req.User,
-		Timeout: req.Timeout, OutputCap: req.OutputCap,
+		Timeout: req.Timeout, OutputCap: req.OutputCap, Record: record,
 	}, pio)
 	if err != nil {
 		return nil, err
 	}
-	ent := &execEntry{
-		info: ExecInfo{
-			ExecID: e.ID(), SandboxID: req.SandboxID, Pid: e.Pid(), Request: req,
-			Running: true, StartedAt: time.Now(),
-		},
-		exec: e,
-		done: make(chan struct{}),
-	}
-	l.saveExec(&ent.info)
+	info.ExecID, info.Pid = e.ID(), e.Pid()
+	ent := &execEntry{info: info, exec: e, done: make(chan struct{})}
 	sb.mu.Lock()
 	sb.execs[e.ID()] = ent
 	sb.mu.Unlock()
@@ -83,70 +81,70 @@ func (l *Local) StartExec(ctx context.Context, req ExecRequest, pio runtime.IO) 
 		ent.info.Result = res
 		sb.rec.LastActivity = time.Now()
 		sb.mu.Unlock()
-		// The record written at start stays as it is: a restarted server
-		// completes it from the runtime's result file (loadExec).
-		// Rewriting it here cost ~0.2 ms per exec (ext4 flushes a file
-		// renamed over another, auto_da_alloc).
+		// The record given at start stays as it is: loadExec completes it
+		// from the runtime's result.
 		close(ent.done)
 		l.retire(sb, req.SandboxID, e.ID(), res.OutputBytes)
 	}()
-	info := ent.info
-	return &info, nil
+	return &info, nil // a copy: ent.info changes when the exec ends
 }
 
-func (l *Local) saveExec(info *ExecInfo) {
-	b, _ := json.Marshal(info)
-	p := filepath.Join(l.execDir(info.SandboxID), info.ExecID+".json")
-	// Written in place, not renamed into place: the name is new, and this
-	// is on every exec's path. A record cut short by a crash reads as
-	// unreadable (loadExec), which is what it is.
-	err := writeNew(p, b)
-	if errors.Is(err, fs.ErrNotExist) {
-		if err = os.MkdirAll(filepath.Dir(p), 0o700); err == nil {
-			err = writeNew(p, b)
-		}
-	}
-	if err != nil {
-		l.log.Error("node: save exec", "sandbox", info.SandboxID, "exec", info.ExecID, "err", err)
-	}
-}
-
-// writeNew creates p, which must not exist, with b.
-func writeNew(p string, b []byte) error {
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	return errors.Join(err, f.Close())
-}
-
-// loadExec finds an exec of an earlier server process on disk.
+// loadExec reads an exec that is not in memory (ended, or started by an
+// earlier server process) from its record and result.
 func (l *Local) loadExec(sandboxID, execID string) (*ExecInfo, error) {
 	if !validID(execID) {
 		return nil, fmt.Errorf("exec %q: %w", execID, errdefs.ErrNotFound)
 	}
-	b, err := os.ReadFile(filepath.Join(l.execDir(sandboxID), execID+".json"))
-	if err != nil {
-		return nil, fmt.Errorf("exec %s: %w", execID, errdefs.ErrNotFound)
+	b, err := l.deps.Runtime.ExecRecord(sandboxID, execID)
+	if err != nil || len(b) == 0 {
+		// Servers before 2026-11-30 kept a file per exec of their own.
+		legacy, lerr := os.ReadFile(filepath.Join(l.execDir(sandboxID), execID+".json"))
+		if lerr != nil {
+			if err != nil && !errdefs.IsNotFound(err) && !errdefs.IsInvalidArgument(err) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("exec %s: %w", execID, errdefs.ErrNotFound)
+		}
+		b = legacy
 	}
 	var info ExecInfo
 	if err := json.Unmarshal(b, &info); err != nil {
 		return nil, fmt.Errorf("exec %s: unreadable record: %w", execID, err)
 	}
-	if info.Running {
-		res, done, err := l.deps.Runtime.ExecResult(sandboxID, execID)
-		// The record stays as written at start: the runtime's result
-		// completes it on every read (rewriting it would cost a flush).
-		if err == nil && done {
-			info.Running = false
-			info.Result = res
-		} else if err != nil {
-			info.Running = false
-			info.Result = &runtime.ExecResult{ExecID: execID, ExitCode: -1, Signal: "lost"}
-		}
+	info.ExecID, info.SandboxID = execID, sandboxID
+	res, done, err := l.deps.Runtime.ExecResult(sandboxID, execID)
+	switch {
+	case err == nil && done:
+		info.Running, info.Result, info.Pid = false, res, res.Pid
+	case err != nil:
+		info.Running = false
+		info.Result = &runtime.ExecResult{ExecID: execID, ExitCode: -1, Signal: "lost"}
+	default:
+		info.Running = true
 	}
 	return &info, nil
+}
+
+// execIDs lists the execs a sandbox keeps on disk.
+func (l *Local) execIDs(sandboxID string) ([]string, error) {
+	ids, err := l.deps.Runtime.ListExecs(sandboxID)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return nil, err
+	}
+	legacy, lerr := os.ReadDir(l.execDir(sandboxID))
+	if lerr != nil {
+		return ids, nil
+	}
+	seen := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		seen[id] = true
+	}
+	for _, e := range legacy {
+		if id, ok := strings.CutSuffix(e.Name(), ".json"); ok && !seen[id] {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
 }
 
 // WaitExec implements Agent.
@@ -209,16 +207,12 @@ func (l *Local) ListExecs(ctx context.Context, sandboxID string) ([]ExecInfo, er
 	if _, err := l.get(sandboxID); err != nil {
 		return nil, err
 	}
-	ents, err := os.ReadDir(l.execDir(sandboxID))
-	if err != nil && !os.IsNotExist(err) {
+	ids, err := l.execIDs(sandboxID)
+	if err != nil {
 		return nil, err
 	}
 	out := []ExecInfo{}
-	for _, e := range ents {
-		id, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok {
-			continue
-		}
+	for _, id := range ids {
 		if info, err := l.GetExec(ctx, sandboxID, id); err == nil {
 			out = append(out, *info)
 		}

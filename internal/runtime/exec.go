@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -57,6 +58,9 @@ func validateProcess(p *Process) error {
 	}
 	if p.Cwd != "" && !strings.HasPrefix(p.Cwd, "/") {
 		return fmt.Errorf("cwd %q is not absolute: %w", p.Cwd, errdefs.ErrInvalidArgument)
+	}
+	if bytes.ContainsAny(p.Record, "\n\x00") {
+		return fmt.Errorf("exec record must be one line: %w", errdefs.ErrInvalidArgument)
 	}
 	if p.Timeout < 0 || p.OutputCap < 0 {
 		return fmt.Errorf("negative timeout or output cap: %w", errdefs.ErrInvalidArgument)
@@ -173,6 +177,9 @@ func (r *NamespaceRuntime) Start(ctx context.Context, id string, p Process, pio 
 		c.AddInt(shim.TTimeoutMS, max(1, p.Timeout.Milliseconds()))
 	}
 	c.AddInt(shim.TOutCap, outCap)
+	if len(p.Record) > 0 {
+		c.AddBytes(shim.TRecord, p.Record)
+	}
 	if p.Tty {
 		// stdout and stderr are both the terminal; the output arrives on
 		// Stdout.
@@ -325,6 +332,9 @@ func readResult(dir, execID string) (*ExecResult, bool, error) {
 	}
 	if err != nil {
 		return nil, false, err
+	}
+	if i := bytes.IndexByte(b, '\n'); i >= 0 {
+		b = b[:i] // the exec's record follows (ExecRecord)
 	}
 	var res ExecResult
 	if err := json.Unmarshal(b, &res); err != nil {
@@ -485,6 +495,54 @@ func (r *NamespaceRuntime) RemoveExec(id, execID string) error {
 		return os.RemoveAll(dir) // something unexpected in it
 	}
 	return nil
+}
+
+// ExecRecord implements Runtime: the second line of the result file, or
+// of the pending one while the exec runs.
+func (r *NamespaceRuntime) ExecRecord(id, execID string) ([]byte, error) {
+	dir, err := r.execDir(id, execID)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range []string{resultFile, pendingFile, resultFile} {
+		// result.json last again: the pending file may have been renamed
+		// to it between the two reads.
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		_, rest, _ := bytes.Cut(b, []byte{'\n'})
+		if rec, _, _ := bytes.Cut(rest, []byte{'\n'}); len(rec) > 0 {
+			return rec, nil
+		}
+		return nil, nil
+	}
+	if _, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("exec %s: %w", execID, errdefs.ErrNotFound)
+	}
+	return nil, nil // starting: the shim has not written it yet
+}
+
+// ListExecs implements Runtime.
+func (r *NamespaceRuntime) ListExecs(id string) ([]string, error) {
+	sb, err := r.get(id)
+	if err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(filepath.Join(sb.dir, execsDir))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	ids := make([]string, 0, len(ents))
+	for _, e := range ents {
+		if execIDRE.MatchString(e.Name()) {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
 }
 
 // execFiles are the files of an exec's directory.

@@ -60,6 +60,10 @@ type Process struct {
 	// is kept. 0 = runtime default (16 MiB).
 	OutputCap int64
 	Tty       bool
+	// Record is the caller's own record of the exec (one line, no
+	// newline), kept with its result: ExecRecord returns it, also to a
+	// restarted server.
+	Record []byte
 }
 
 // IO connects a process to the caller. Nil Stdin means /dev/null.
@@ -124,6 +128,12 @@ type Runtime interface {
 	// RemoveExec forgets an ended exec: its result and kept output. A
 	// running exec is an ErrFailedPrecondition error.
 	RemoveExec(id, execID string) error
+	// ExecRecord returns the Process.Record an exec was started with
+	// (nil if none).
+	ExecRecord(id, execID string) ([]byte, error)
+	// ListExecs lists the IDs of the execs a sandbox keeps, running and
+	// ended.
+	ListExecs(id string) ([]string, error)
 	Pause(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string) error
 	// Destroy kills every process and removes every mount, cgroup and

@@ -205,6 +205,50 @@ func TestExecErrors(t *testing.T) {
 	}
 }
 
+// The caller's record of an exec is kept with it, while it runs and after
+// it ended; it must be one line.
+func TestExecRecord(t *testing.T) {
+	e := newEnv(t)
+	e.create("rec")
+	ctx := context.Background()
+	rec := []byte(`{"who":"node","args":["sleep","30"]}`)
+	x, err := e.rt.Start(ctx, "rec", runtime.Process{Args: []string{"sleep", "30"}, Record: rec}, runtime.IO{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := e.rt.ExecRecord("rec", x.ID()); err != nil || string(got) != string(rec) {
+		t.Fatalf("record while running = %q, %v", got, err)
+	}
+	_ = x.Signal(syscall.SIGKILL)
+	res, err := x.Wait(ctx)
+	if err != nil || res.Signal != "SIGKILL" {
+		t.Fatalf("wait: %+v %v", res, err)
+	}
+	if got, err := e.rt.ExecRecord("rec", x.ID()); err != nil || string(got) != string(rec) {
+		t.Fatalf("record after the end = %q, %v", got, err)
+	}
+	if r, done, err := e.rt.ExecResult("rec", x.ID()); err != nil || !done || r.Signal != "SIGKILL" {
+		t.Fatalf("result beside the record: %+v %v %v", r, done, err)
+	}
+	plain, err := e.run("rec", runtime.Process{Args: []string{"true"}}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := e.rt.ExecRecord("rec", plain.ExecID); err != nil || got != nil {
+		t.Fatalf("exec without a record: %q, %v", got, err)
+	}
+	ids, err := e.rt.ListExecs("rec")
+	if err != nil || len(ids) != 2 {
+		t.Fatalf("listed execs %v, %v; want 2", ids, err)
+	}
+	if _, err := e.rt.Start(ctx, "rec", runtime.Process{Args: []string{"true"}, Record: []byte("two\nlines")}, runtime.IO{}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("record of two lines: %v", err)
+	}
+	if _, err := e.rt.ExecRecord("rec", "0123456789abcdef"); !errdefs.IsNotFound(err) {
+		t.Fatalf("record of an unknown exec: %v", err)
+	}
+}
+
 // An ended exec's kept output is counted, read in order across its two
 // halves, and removed on request; a running exec cannot be removed.
 func TestExecOutputKeptAndRemoved(t *testing.T) {

@@ -51,16 +51,16 @@ func TestExecHistoryBounded(t *testing.T) {
 		b, err := io.ReadAll(rc)
 		return string(b), err
 	}
-	// kept waits for the node's records and output dirs to number want:
-	// the oldest are removed just after an exec's result is sent.
-	kept := func(want int) (records, outputs int) {
+	// kept waits for the node's exec dirs (record, result, output) to
+	// number want: the oldest are removed just after an exec's result is
+	// sent.
+	kept := func(want int) int {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			recs, _ := filepath.Glob(filepath.Join(s.dataDir, "node", "meta", sb.ID+".execs", "*.json"))
 			dirs, _ := filepath.Glob(filepath.Join(sb.Runtime.Dir, "execs", "*"))
-			if (len(recs) == want && len(dirs) == want) || time.Now().After(deadline) {
-				return len(recs), len(dirs)
+			if len(dirs) == want || time.Now().After(deadline) {
+				return len(dirs)
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -85,8 +85,11 @@ func TestExecHistoryBounded(t *testing.T) {
 	if got, want := strings.Join(listed(), ","), strings.Join(ids[2:], ","); got != want {
 		t.Fatalf("listed execs %s, want the newest three %s", got, want)
 	}
-	if recs, dirs := kept(3); recs != 3 || dirs != 3 {
-		t.Fatalf("node keeps %d records and %d output dirs, want 3 each", recs, dirs)
+	if n := kept(3); n != 3 {
+		t.Fatalf("node keeps %d execs, want 3", n)
+	}
+	if _, err := os.Stat(filepath.Join(s.dataDir, "node", "meta", sb.ID+".execs")); !os.IsNotExist(err) {
+		t.Fatalf("a file per exec in the node's records: %v", err)
 	}
 	if out, err := output(ids[4]); err != nil || out != "run 4\n" {
 		t.Fatalf("kept stdout of the newest exec = %q, %v", out, err)
@@ -108,8 +111,8 @@ func TestExecHistoryBounded(t *testing.T) {
 	if out, err := output(big2); err != nil || len(out) != 614400 {
 		t.Fatalf("newest big exec: %d bytes kept, %v", len(out), err)
 	}
-	if recs, dirs := kept(1); recs != 1 || dirs != 1 {
-		t.Fatalf("after the big execs the node keeps %d records and %d output dirs, want 1 each", recs, dirs)
+	if n := kept(1); n != 1 {
+		t.Fatalf("after the big execs the node keeps %d execs, want 1", n)
 	}
 	if _, err := output(big1); !client.IsNotFound(err) {
 		t.Fatalf("older big exec beyond the output budget: %v, want not found", err)
@@ -124,8 +127,8 @@ func TestExecHistoryBounded(t *testing.T) {
 	for i := range 3 {
 		after = append(after, run(fmt.Sprintf("echo after %d", i)))
 	}
-	if recs, dirs := kept(3); recs != 3 || dirs != 3 {
-		t.Fatalf("after a restart the node keeps %d records and %d output dirs, want 3 each", recs, dirs)
+	if n := kept(3); n != 3 {
+		t.Fatalf("after a restart the node keeps %d execs, want 3", n)
 	}
 	if _, err := output(big2); !client.IsNotFound(err) {
 		t.Fatalf("exec of the earlier server beyond the history: %v, want not found", err)
@@ -137,9 +140,16 @@ func TestExecHistoryBounded(t *testing.T) {
 		t.Fatalf("newest exec's output dir: %v", err)
 	}
 
-	// Deleting the sandbox takes the node's exec records along, and a
-	// start sweeps away records a delete left behind.
+	// Deleting the sandbox takes along the exec records that servers
+	// before 2026-11-30 kept beside its record (they were left behind for
+	// good), and a start sweeps away those a delete left.
 	records := filepath.Join(s.dataDir, "node", "meta", sb.ID+".execs")
+	if err := os.MkdirAll(records, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(records, "0123456789abcdef.json"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}

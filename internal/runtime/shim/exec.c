@@ -444,6 +444,13 @@ int shim_exec(void) {
 	char mark[96];
 	int mn = snprintf(mark, sizeof mark, "running %d %llu\n", getpid(), self_start_time());
 	write_all(resfd, mark, (size_t)mn);
+	// The caller's record of the exec rides along as the second line, so
+	// it costs no file of its own (ExecRecord reads it back).
+	const struct rec *record = cfg_rec(&c, T_RECORD);
+	if (record && (write_all(resfd, record->val, record->len) < 0 || write_all(resfd, "\n", 1) < 0)) {
+		report(FD_STATUS, "internal", errno, "write exec record");
+		return 1;
+	}
 	int errp[2];
 	if (pipe2(errp, O_CLOEXEC) || setns(FD_AUX, CLONE_NEWPID)) {
 		report(FD_STATUS, "notfound", errno, "join sandbox pid namespace");
@@ -586,8 +593,17 @@ int shim_exec(void) {
 			  st[1].truncated ? "true" : "false", cap, dur);
 	// Overwrite, then cut to length: a truncate to zero makes ext4 start
 	// writeback of the file at close (auto_da_alloc), ~0.2 ms per exec.
-	if (pwrite(resfd, js, (size_t)jn, 0) != jn || ftruncate(resfd, jn) || close(resfd) ||
-	    renameat(dirfd, "result.json.tmp", dirfd, "result.json"))
+	// The record follows the result line.
+	off_t end = jn;
+	if (pwrite(resfd, js, (size_t)jn, 0) != jn)
+		return 1;
+	if (record) {
+		if (pwrite(resfd, record->val, record->len, end) != (ssize_t)record->len ||
+		    pwrite(resfd, "\n", 1, end + record->len) != 1)
+			return 1;
+		end += record->len + 1;
+	}
+	if (ftruncate(resfd, end) || close(resfd) || renameat(dirfd, "result.json.tmp", dirfd, "result.json"))
 		return 1;
 	return 0;
 }

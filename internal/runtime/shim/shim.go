@@ -76,6 +76,7 @@ const (
 	TDiskFSType Tag = 22
 	TTTYRoot    Tag = 23 // exec: allocate a pty from <value>/dev/pts/ptmx
 	TSysfs      Tag = 24 // init: bind this read-only sysfs mount instead of mounting one
+	TRecord     Tag = 25 // exec: one line kept after the first of the result file
 )
 
 // Config is the shim's parameter block: records of tag, little-endian

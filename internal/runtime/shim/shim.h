@@ -33,6 +33,7 @@ enum {
 	T_DISKFSTYPE = 22,
 	T_TTYROOT = 23,
 	T_SYSFS = 24,
+	T_RECORD = 25,
 };
 
 // Fixed descriptors handed over by the Go side.
