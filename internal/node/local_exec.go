@@ -95,7 +95,7 @@ func (l *Local) loadExec(sandboxID, execID string) (*ExecInfo, error) {
 	if !validID(execID) {
 		return nil, fmt.Errorf("exec %q: %w", execID, errdefs.ErrNotFound)
 	}
-	b, err := l.deps.Runtime.ExecRecord(sandboxID, execID)
+	b, pid, err := l.deps.Runtime.ExecRecord(sandboxID, execID)
 	if err != nil || len(b) == 0 {
 		// Servers before 2026-11-30 kept a file per exec of their own.
 		legacy, lerr := os.ReadFile(filepath.Join(l.execDir(sandboxID), execID+".json"))
@@ -112,6 +112,9 @@ func (l *Local) loadExec(sandboxID, execID string) (*ExecInfo, error) {
 		return nil, fmt.Errorf("exec %s: unreadable record: %w", execID, err)
 	}
 	info.ExecID, info.SandboxID = execID, sandboxID
+	if pid > 0 {
+		info.Pid = pid
+	}
 	res, done, err := l.deps.Runtime.ExecResult(sandboxID, execID)
 	switch {
 	case err == nil && done:

@@ -499,10 +499,10 @@ func (r *NamespaceRuntime) RemoveExec(id, execID string) error {
 
 // ExecRecord implements Runtime: the second line of the result file, or
 // of the pending one while the exec runs.
-func (r *NamespaceRuntime) ExecRecord(id, execID string) ([]byte, error) {
+func (r *NamespaceRuntime) ExecRecord(id, execID string) ([]byte, int, error) {
 	dir, err := r.execDir(id, execID)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	for _, name := range []string{resultFile, pendingFile, resultFile} {
 		// result.json last again: the pending file may have been renamed
@@ -512,18 +512,31 @@ func (r *NamespaceRuntime) ExecRecord(id, execID string) ([]byte, error) {
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		_, rest, _ := bytes.Cut(b, []byte{'\n'})
-		if rec, _, _ := bytes.Cut(rest, []byte{'\n'}); len(rec) > 0 {
-			return rec, nil
+		first, rest, _ := bytes.Cut(b, []byte{'\n'})
+		var pid int
+		if name == pendingFile {
+			var shimPid int
+			var start uint64
+			_, _ = fmt.Sscanf(string(first), "running %d %d %d", &shimPid, &start, &pid)
+		} else {
+			var res struct {
+				Pid int `json:"pid"`
+			}
+			_ = json.Unmarshal(first, &res)
+			pid = res.Pid
 		}
-		return nil, nil
+		rec, _, _ := bytes.Cut(rest, []byte{'\n'})
+		if len(rec) == 0 {
+			rec = nil
+		}
+		return rec, pid, nil
 	}
 	if _, err := os.Stat(dir); err != nil {
-		return nil, fmt.Errorf("exec %s: %w", execID, errdefs.ErrNotFound)
+		return nil, 0, fmt.Errorf("exec %s: %w", execID, errdefs.ErrNotFound)
 	}
-	return nil, nil // starting: the shim has not written it yet
+	return nil, 0, nil // starting: the shim has not written it yet
 }
 
 // ListExecs implements Runtime.

@@ -129,8 +129,8 @@ type Runtime interface {
 	// running exec is an ErrFailedPrecondition error.
 	RemoveExec(id, execID string) error
 	// ExecRecord returns the Process.Record an exec was started with
-	// (nil if none).
-	ExecRecord(id, execID string) ([]byte, error)
+	// (nil if none) and the host pid of its process (0 if not known yet).
+	ExecRecord(id, execID string) (record []byte, pid int, err error)
 	// ListExecs lists the IDs of the execs a sandbox keeps, running and
 	// ended.
 	ListExecs(id string) ([]string, error)

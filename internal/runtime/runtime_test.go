@@ -216,16 +216,16 @@ func TestExecRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := e.rt.ExecRecord("rec", x.ID()); err != nil || string(got) != string(rec) {
-		t.Fatalf("record while running = %q, %v", got, err)
+	if got, pid, err := e.rt.ExecRecord("rec", x.ID()); err != nil || string(got) != string(rec) || pid != x.Pid() {
+		t.Fatalf("record while running = %q, pid %d, %v; want pid %d", got, pid, err, x.Pid())
 	}
 	_ = x.Signal(syscall.SIGKILL)
 	res, err := x.Wait(ctx)
 	if err != nil || res.Signal != "SIGKILL" {
 		t.Fatalf("wait: %+v %v", res, err)
 	}
-	if got, err := e.rt.ExecRecord("rec", x.ID()); err != nil || string(got) != string(rec) {
-		t.Fatalf("record after the end = %q, %v", got, err)
+	if got, pid, err := e.rt.ExecRecord("rec", x.ID()); err != nil || string(got) != string(rec) || pid != x.Pid() {
+		t.Fatalf("record after the end = %q, pid %d, %v; want pid %d", got, pid, err, x.Pid())
 	}
 	if r, done, err := e.rt.ExecResult("rec", x.ID()); err != nil || !done || r.Signal != "SIGKILL" {
 		t.Fatalf("result beside the record: %+v %v %v", r, done, err)
@@ -234,7 +234,7 @@ func TestExecRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := e.rt.ExecRecord("rec", plain.ExecID); err != nil || got != nil {
+	if got, _, err := e.rt.ExecRecord("rec", plain.ExecID); err != nil || got != nil {
 		t.Fatalf("exec without a record: %q, %v", got, err)
 	}
 	ids, err := e.rt.ListExecs("rec")
@@ -244,7 +244,7 @@ func TestExecRecord(t *testing.T) {
 	if _, err := e.rt.Start(ctx, "rec", runtime.Process{Args: []string{"true"}, Record: []byte("two\nlines")}, runtime.IO{}); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("record of two lines: %v", err)
 	}
-	if _, err := e.rt.ExecRecord("rec", "0123456789abcdef"); !errdefs.IsNotFound(err) {
+	if _, _, err := e.rt.ExecRecord("rec", "0123456789abcdef"); !errdefs.IsNotFound(err) {
 		t.Fatalf("record of an unknown exec: %v", err)
 	}
 }

@@ -175,7 +175,7 @@ func TestServerKilledAndRestartedAdoptsSandboxes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	execID := sess.ExecID
+	execID, execPid := sess.ExecID, sess.Pid
 	dead, err := c.CreateSandbox(ctx, client.SandboxSpec{Image: "busybox:1"})
 	if err != nil {
 		t.Fatal(err)
@@ -201,6 +201,9 @@ func TestServerKilledAndRestartedAdoptsSandboxes(t *testing.T) {
 	res, err := c.Exec(ctx, client.ExecRequest{SandboxID: sb.ID, Args: []string{"cat", "/workspace/state.txt", "/workspace/late.txt"}}, nil, &out, &out)
 	if err != nil || res.ExitCode != 0 || out.String() != "keptfinished\n" {
 		t.Fatalf("after restart: %v %+v %q", err, res, out.String())
+	}
+	if info, err := c.GetExec(ctx, sb.ID, execID); err != nil || info.Pid != execPid || info.Request.Shell == "" {
+		t.Fatalf("exec of the earlier server: %+v %v; want pid %d and its request", info, err, execPid)
 	}
 	r, err := c.WaitExec(ctx, sb.ID, execID)
 	if err != nil {

@@ -441,8 +441,10 @@ int shim_exec(void) {
 		report(FD_STATUS, "internal", errno, "create result file");
 		return 1;
 	}
+	// The last field, the process's pid, is filled in after the fork: it
+	// is fixed-width so it can be written in place.
 	char mark[96];
-	int mn = snprintf(mark, sizeof mark, "running %d %llu\n", getpid(), self_start_time());
+	int mn = snprintf(mark, sizeof mark, "running %d %llu %11d\n", getpid(), self_start_time(), 0);
 	write_all(resfd, mark, (size_t)mn);
 	// The caller's record of the exec rides along as the second line, so
 	// it costs no file of its own (ExecRecord reads it back).
@@ -466,6 +468,12 @@ int shim_exec(void) {
 		close(errp[0]);
 		run_child(&c, pipes[0][1], pipes[1][1], slave, errp[1]);
 	}
+	char pidf[16];
+	snprintf(pidf, sizeof pidf, "%11d", pid);
+	// Best effort: it is only what a restarted server reports of a
+	// running exec's pid.
+	ssize_t pw = pwrite(resfd, pidf, 11, mn - 12);
+	(void)pw;
 	if (master >= 0) {
 		close(slave);
 	} else {
