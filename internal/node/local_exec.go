@@ -95,8 +95,12 @@ func (l *Local) loadExec(sandboxID, execID string) (*ExecInfo, error) {
 	if !validID(execID) {
 		return nil, fmt.Errorf("exec %q: %w", execID, errdefs.ErrNotFound)
 	}
-	b, pid, err := l.deps.Runtime.ExecRecord(sandboxID, execID)
-	if err != nil || len(b) == 0 {
+	st, err := l.deps.Runtime.ExecState(sandboxID, execID)
+	var b []byte
+	if err == nil {
+		b = st.Record
+	}
+	if len(b) == 0 {
 		// Servers before 2026-11-30 kept a file per exec of their own.
 		legacy, lerr := os.ReadFile(filepath.Join(l.execDir(sandboxID), execID+".json"))
 		if lerr != nil {
@@ -112,18 +116,17 @@ func (l *Local) loadExec(sandboxID, execID string) (*ExecInfo, error) {
 		return nil, fmt.Errorf("exec %s: unreadable record: %w", execID, err)
 	}
 	info.ExecID, info.SandboxID = execID, sandboxID
-	if pid > 0 {
-		info.Pid = pid
-	}
-	res, done, err := l.deps.Runtime.ExecResult(sandboxID, execID)
 	switch {
-	case err == nil && done:
-		info.Running, info.Result, info.Pid = false, res, res.Pid
-	case err != nil:
+	case err != nil || st.Lost:
 		info.Running = false
 		info.Result = &runtime.ExecResult{ExecID: execID, ExitCode: -1, Signal: "lost"}
+	case st.Result != nil:
+		info.Running, info.Result, info.Pid = false, st.Result, st.Result.Pid
 	default:
 		info.Running = true
+		if st.Pid > 0 {
+			info.Pid = st.Pid
+		}
 	}
 	return &info, nil
 }

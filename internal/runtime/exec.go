@@ -311,37 +311,74 @@ func (e *nsExec) finish() {
 	if e.stdin != nil {
 		e.stdin.Close() // unblocks a stdin copy still writing
 	}
-	res, done, err := readResult(e.dir, e.id)
+	st, err := readExec(e.dir, e.id)
 	switch {
 	case err != nil:
 		e.err = err
-	case !done:
+	case st.Result == nil:
 		e.err = fmt.Errorf("exec %s ended without a result (shim %s; sandbox destroyed?): %w", e.id, how, errdefs.ErrUnavailable)
 	default:
-		e.res = res
+		e.res = st.Result
 	}
 }
 
-func readResult(dir, execID string) (*ExecResult, bool, error) {
+// readExec reads the result file of an exec or, while it runs, its
+// pending file: the first line is the result, or "running <shim pid>
+// <shim start time> <pid>"; the second is the caller's record.
+func readExec(dir, execID string) (*ExecState, error) {
+	if st, err := readResultFile(dir, execID); st != nil || err != nil {
+		return st, err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, pendingFile))
+	if err != nil {
+		// Not written yet, or just renamed to the result.
+		if st, err := readResultFile(dir, execID); st != nil || err != nil {
+			return st, err
+		}
+		if _, serr := os.Stat(dir); serr != nil {
+			return nil, fmt.Errorf("exec %s: %w", execID, errdefs.ErrNotFound)
+		}
+		return &ExecState{}, nil // starting
+	}
+	first, rest, _ := bytes.Cut(b, []byte{'\n'})
+	st := &ExecState{Record: firstLine(rest)}
+	var shimPid int
+	var start uint64
+	// Shims before the pid field wrote two numbers.
+	if n, _ := fmt.Sscanf(string(first), "running %d %d %d", &shimPid, &start, &st.Pid); n >= 2 && !procRunning(shimPid, start) {
+		// It may have written the result just before exiting.
+		if done, err := readResultFile(dir, execID); done != nil || err != nil {
+			return done, err
+		}
+		st.Lost = true
+	}
+	return st, nil
+}
+
+// readResultFile reads the state of an ended exec; nil without a result.
+func readResultFile(dir, execID string) (*ExecState, error) {
 	b, err := os.ReadFile(filepath.Join(dir, resultFile))
 	if errors.Is(err, os.ErrNotExist) {
-		if _, serr := os.Stat(dir); serr != nil {
-			return nil, false, fmt.Errorf("exec %s: %w", execID, errdefs.ErrNotFound)
-		}
-		return nil, false, nil
+		return nil, nil
 	}
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	if i := bytes.IndexByte(b, '\n'); i >= 0 {
-		b = b[:i] // the exec's record follows (ExecRecord)
-	}
+	first, rest, _ := bytes.Cut(b, []byte{'\n'})
 	var res ExecResult
-	if err := json.Unmarshal(b, &res); err != nil {
-		return nil, false, fmt.Errorf("exec %s result: %w", execID, err)
+	if err := json.Unmarshal(first, &res); err != nil {
+		return nil, fmt.Errorf("exec %s result: %w", execID, err)
 	}
 	res.OutputBytes = keptBytes(dir)
-	return &res, true, nil
+	return &ExecState{Record: firstLine(rest), Pid: res.Pid, Result: &res}, nil
+}
+
+// firstLine is b up to its first newline, nil if that is empty.
+func firstLine(b []byte) []byte {
+	if line, _, _ := bytes.Cut(b, []byte{'\n'}); len(line) > 0 {
+		return line
+	}
+	return nil
 }
 
 func (r *NamespaceRuntime) execDir(id, execID string) (string, error) {
@@ -359,31 +396,23 @@ func (r *NamespaceRuntime) execDir(id, execID string) (string, error) {
 // while no server ran. An exec whose shim died without recording a result
 // (its sandbox was destroyed, or it was killed) is an ErrUnavailable error.
 func (r *NamespaceRuntime) ExecResult(id, execID string) (*ExecResult, bool, error) {
+	st, err := r.ExecState(id, execID)
+	switch {
+	case err != nil:
+		return nil, false, err
+	case st.Lost:
+		return nil, false, fmt.Errorf("exec %s ended without a result: %w", execID, errdefs.ErrUnavailable)
+	}
+	return st.Result, st.Result != nil, nil
+}
+
+// ExecState implements Runtime.
+func (r *NamespaceRuntime) ExecState(id, execID string) (*ExecState, error) {
 	dir, err := r.execDir(id, execID)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	res, done, err := readResult(dir, execID)
-	if err != nil || done {
-		return res, done, err
-	}
-	// Running, unless its shim is gone.
-	b, err := os.ReadFile(filepath.Join(dir, pendingFile))
-	if err != nil {
-		return nil, false, nil // still starting, or just renamed
-	}
-	var pid int
-	var start uint64
-	if _, err := fmt.Sscanf(string(b), "running %d %d", &pid, &start); err == nil {
-		if !procRunning(pid, start) {
-			// It may have written the result just before exiting.
-			if res, done, err := readResult(dir, execID); err != nil || done {
-				return res, done, err
-			}
-			return nil, false, fmt.Errorf("exec %s ended without a result: %w", execID, errdefs.ErrUnavailable)
-		}
-	}
-	return nil, false, nil
+	return readExec(dir, execID)
 }
 
 // ExecOutput returns the kept output of stream ("stdout" or "stderr") of an
@@ -495,48 +524,6 @@ func (r *NamespaceRuntime) RemoveExec(id, execID string) error {
 		return os.RemoveAll(dir) // something unexpected in it
 	}
 	return nil
-}
-
-// ExecRecord implements Runtime: the second line of the result file, or
-// of the pending one while the exec runs.
-func (r *NamespaceRuntime) ExecRecord(id, execID string) ([]byte, int, error) {
-	dir, err := r.execDir(id, execID)
-	if err != nil {
-		return nil, 0, err
-	}
-	for _, name := range []string{resultFile, pendingFile, resultFile} {
-		// result.json last again: the pending file may have been renamed
-		// to it between the two reads.
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return nil, 0, err
-		}
-		first, rest, _ := bytes.Cut(b, []byte{'\n'})
-		var pid int
-		if name == pendingFile {
-			var shimPid int
-			var start uint64
-			_, _ = fmt.Sscanf(string(first), "running %d %d %d", &shimPid, &start, &pid)
-		} else {
-			var res struct {
-				Pid int `json:"pid"`
-			}
-			_ = json.Unmarshal(first, &res)
-			pid = res.Pid
-		}
-		rec, _, _ := bytes.Cut(rest, []byte{'\n'})
-		if len(rec) == 0 {
-			rec = nil
-		}
-		return rec, pid, nil
-	}
-	if _, err := os.Stat(dir); err != nil {
-		return nil, 0, fmt.Errorf("exec %s: %w", execID, errdefs.ErrNotFound)
-	}
-	return nil, 0, nil // starting: the shim has not written it yet
 }
 
 // ListExecs implements Runtime.

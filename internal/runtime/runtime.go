@@ -61,7 +61,7 @@ type Process struct {
 	OutputCap int64
 	Tty       bool
 	// Record is the caller's own record of the exec (one line, no
-	// newline), kept with its result: ExecRecord returns it, also to a
+	// newline), kept with its result: ExecState returns it, also to a
 	// restarted server.
 	Record []byte
 }
@@ -87,6 +87,16 @@ type ExecResult struct {
 	// OutputBytes is what the node keeps of the output (both streams), on
 	// disk until the exec is pruned or its sandbox deleted.
 	OutputBytes int64 `json:"output_bytes,omitempty"`
+}
+
+// ExecState is what the runtime keeps of an exec.
+type ExecState struct {
+	Record []byte      // the Process.Record it was started with (nil if none)
+	Pid    int         // host pid of its process (0 if not known yet)
+	Result *ExecResult // how it ended; nil while it runs, or if Lost
+	// Lost: its shim died without recording a result (its sandbox was
+	// destroyed, or it was killed).
+	Lost bool
 }
 
 // Exec is a started process.
@@ -128,9 +138,9 @@ type Runtime interface {
 	// RemoveExec forgets an ended exec: its result and kept output. A
 	// running exec is an ErrFailedPrecondition error.
 	RemoveExec(id, execID string) error
-	// ExecRecord returns the Process.Record an exec was started with
-	// (nil if none) and the host pid of its process (0 if not known yet).
-	ExecRecord(id, execID string) (record []byte, pid int, err error)
+	// ExecState reads what is kept of an exec, record and result, in one
+	// read.
+	ExecState(id, execID string) (*ExecState, error)
 	// ListExecs lists the IDs of the execs a sandbox keeps, running and
 	// ended.
 	ListExecs(id string) ([]string, error)

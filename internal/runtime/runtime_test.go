@@ -216,16 +216,16 @@ func TestExecRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, pid, err := e.rt.ExecRecord("rec", x.ID()); err != nil || string(got) != string(rec) || pid != x.Pid() {
-		t.Fatalf("record while running = %q, pid %d, %v; want pid %d", got, pid, err, x.Pid())
+	if st, err := e.rt.ExecState("rec", x.ID()); err != nil || string(st.Record) != string(rec) || st.Pid != x.Pid() || st.Result != nil || st.Lost {
+		t.Fatalf("state while running = %+v, %v; want the record and pid %d", st, err, x.Pid())
 	}
 	_ = x.Signal(syscall.SIGKILL)
 	res, err := x.Wait(ctx)
 	if err != nil || res.Signal != "SIGKILL" {
 		t.Fatalf("wait: %+v %v", res, err)
 	}
-	if got, pid, err := e.rt.ExecRecord("rec", x.ID()); err != nil || string(got) != string(rec) || pid != x.Pid() {
-		t.Fatalf("record after the end = %q, pid %d, %v; want pid %d", got, pid, err, x.Pid())
+	if st, err := e.rt.ExecState("rec", x.ID()); err != nil || string(st.Record) != string(rec) || st.Pid != x.Pid() || st.Result == nil || st.Result.Signal != "SIGKILL" {
+		t.Fatalf("state after the end = %+v, %v; want the record, pid %d and the result", st, err, x.Pid())
 	}
 	if r, done, err := e.rt.ExecResult("rec", x.ID()); err != nil || !done || r.Signal != "SIGKILL" {
 		t.Fatalf("result beside the record: %+v %v %v", r, done, err)
@@ -234,8 +234,8 @@ func TestExecRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _, err := e.rt.ExecRecord("rec", plain.ExecID); err != nil || got != nil {
-		t.Fatalf("exec without a record: %q, %v", got, err)
+	if st, err := e.rt.ExecState("rec", plain.ExecID); err != nil || st.Record != nil {
+		t.Fatalf("exec without a record: %+v, %v", st, err)
 	}
 	ids, err := e.rt.ListExecs("rec")
 	if err != nil || len(ids) != 2 {
@@ -244,8 +244,8 @@ func TestExecRecord(t *testing.T) {
 	if _, err := e.rt.Start(ctx, "rec", runtime.Process{Args: []string{"true"}, Record: []byte("two\nlines")}, runtime.IO{}); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("record of two lines: %v", err)
 	}
-	if _, _, err := e.rt.ExecRecord("rec", "0123456789abcdef"); !errdefs.IsNotFound(err) {
-		t.Fatalf("record of an unknown exec: %v", err)
+	if _, err := e.rt.ExecState("rec", "0123456789abcdef"); !errdefs.IsNotFound(err) {
+		t.Fatalf("state of an unknown exec: %v", err)
 	}
 }
 
