@@ -22,6 +22,7 @@ import (
 	"github.com/dsec-dev/dsec/internal/errdefs"
 	"github.com/dsec-dev/dsec/internal/node"
 	"github.com/dsec-dev/dsec/internal/runtime"
+	"github.com/dsec-dev/dsec/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -45,34 +46,7 @@ type execState struct {
 	done chan struct{}
 	res  *runtime.ExecResult
 	// kept is the output kept per stream ("stdout", "stderr").
-	kept map[string]*lockedBuffer
-}
-
-// lockedBuffer is a bytes.Buffer written by exec's copying goroutines
-// while ExecOutput reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
-}
-
-// teeTo writes to w (if any) and b.
-func teeTo(w io.Writer, b *lockedBuffer) io.Writer {
-	if w == nil {
-		return b
-	}
-	return io.MultiWriter(w, b)
+	kept map[string]*testutil.SyncBuffer
 }
 
 // Service is an in-memory api.Service for tests.
@@ -387,9 +361,9 @@ func (s *Service) StartExec(ctx context.Context, c api.Caller, req node.ExecRequ
 	cmd := exec.Command(path, args[1:]...)
 	cmd.Dir = filepath.Join(sb.root, filepath.Clean("/"+req.Cwd))
 	cmd.Env = append(append([]string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + sb.root}, sb.sb.Spec.Env...), req.Env...)
-	kept := map[string]*lockedBuffer{runtime.StdoutLog: {}, runtime.StderrLog: {}}
+	kept := map[string]*testutil.SyncBuffer{runtime.StdoutLog: {}, runtime.StderrLog: {}}
 	cmd.Stdin = pio.Stdin
-	cmd.Stdout, cmd.Stderr = teeTo(pio.Stdout, kept[runtime.StdoutLog]), teeTo(pio.Stderr, kept[runtime.StderrLog])
+	cmd.Stdout, cmd.Stderr = kept[runtime.StdoutLog].Tee(pio.Stdout), kept[runtime.StderrLog].Tee(pio.Stderr)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", args[0], errdefs.ErrInvalidArgument)
 	}
@@ -420,7 +394,7 @@ func (s *Service) reap(e *execState, timeout time.Duration) {
 	st := e.cmd.ProcessState
 	res := &runtime.ExecResult{ExecID: e.info.ExecID, Pid: e.info.Pid, ExitCode: st.ExitCode(), Duration: time.Since(e.info.StartedAt)}
 	for _, b := range e.kept {
-		res.OutputBytes += int64(len(b.bytes()))
+		res.OutputBytes += int64(len(b.Bytes()))
 	}
 	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		res.Signal = unix.SignalName(ws.Signal())
@@ -504,7 +478,7 @@ func (s *Service) ExecOutput(ctx context.Context, c api.Caller, sid, eid, stream
 	if !ok {
 		return nil, 0, fmt.Errorf("stream %q: want stdout or stderr: %w", stream, errdefs.ErrInvalidArgument)
 	}
-	out := b.bytes()
+	out := b.Bytes()
 	return io.NopCloser(bytes.NewReader(out)), int64(len(out)), nil
 }
 

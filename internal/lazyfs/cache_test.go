@@ -17,6 +17,7 @@ import (
 	"github.com/dsec-dev/dsec/internal/blob"
 	"github.com/dsec-dev/dsec/internal/errdefs"
 	"github.com/dsec-dev/dsec/internal/image"
+	"github.com/dsec-dev/dsec/internal/testutil"
 )
 
 func entryOf(t *testing.T, idx *image.Index, p string) *image.Entry {
@@ -359,7 +360,7 @@ func TestCacheSurvivesRestartAndVerifies(t *testing.T) {
 	if err := os.WriteFile(p, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testutil.SyncBuffer{}
 	cache, err = NewChunkCache(dir, 1<<30, WithCacheLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	if err != nil {
 		t.Fatal(err)

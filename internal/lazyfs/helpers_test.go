@@ -219,24 +219,7 @@ type env struct {
 	cache *ChunkCache
 	m     *Mounter
 	root  string
-	logs  *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logs  *testutil.SyncBuffer
 }
 
 func newEnv(t testing.TB, store *testStore, capacity int64, mopts ...Opt) *env {
@@ -248,7 +231,7 @@ func newEnv(t testing.TB, store *testStore, capacity int64, mopts ...Opt) *env {
 	if store == nil {
 		store = newTestStore(t)
 	}
-	logs := &syncBuffer{}
+	logs := &testutil.SyncBuffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(logs, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cache, err := NewChunkCache(t.TempDir(), capacity, WithCacheLogger(log), WithRetry(3, 10*time.Millisecond), WithFailureMemo(testMemo))
 	if err != nil {

@@ -11,12 +11,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/dsec-dev/dsec/internal/runtime"
+	"github.com/dsec-dev/dsec/internal/testutil"
 )
 
 // statOf returns the state and parent pid of /proc/PID/stat.
@@ -273,25 +273,6 @@ func TestSpawnerEndsWithRuntime(t *testing.T) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-// TestSpawnerFallback: without a usable spawner, shims are started by fork
-// and exec as before, and that is logged once.
 func TestSpawnerFallback(t *testing.T) {
 	for _, tc := range []struct{ name, path string }{
 		{"cannot start", "/nonexistent/dsec"},
@@ -299,7 +280,7 @@ func TestSpawnerFallback(t *testing.T) {
 		{"exits at once", "/bin/false"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var logs syncBuffer
+			var logs testutil.SyncBuffer
 			e := newEnv(t, runtime.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
 			runtime.SetSpawnerPath(e.rt, tc.path)
 			id := "spfb" + strconv.Itoa(len(tc.path))

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -73,25 +72,6 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// lockedBuffer is a log buffer the server's output goroutines and the
-// test may use at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.Buffer.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.Buffer.String()
-}
-
 // startServer starts dsec serve and registers the cleanup: sandboxes
 // deleted, server and layer daemon stopped, nothing mounted below dir.
 func startServer(t testing.TB, extra ...string) *server {
@@ -112,7 +92,7 @@ func startServer(t testing.TB, extra ...string) *server {
 		"--e2b-listen", fmt.Sprintf("tcp://127.0.0.1:%d", port)}, extra...)
 	s.cmd = exec.Command(dsecBin, args...)
 	s.cmd.WaitDelay = 5 * time.Second
-	logBuf := &lockedBuffer{}
+	logBuf := &testutil.SyncBuffer{}
 	s.cmd.Stdout, s.cmd.Stderr = logBuf, logBuf
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -140,7 +120,7 @@ func startServer(t testing.TB, extra ...string) *server {
 	}
 }
 
-func (s *server) cleanup(logBuf *lockedBuffer) {
+func (s *server) cleanup(logBuf *testutil.SyncBuffer) {
 	select {
 	case <-s.done:
 	default:

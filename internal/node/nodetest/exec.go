@@ -14,6 +14,7 @@ import (
 	"github.com/dsec-dev/dsec/internal/errdefs"
 	"github.com/dsec-dev/dsec/internal/node"
 	"github.com/dsec-dev/dsec/internal/runtime"
+	"github.com/dsec-dev/dsec/internal/testutil"
 )
 
 type fakeExec struct {
@@ -23,7 +24,7 @@ type fakeExec struct {
 	sig    chan int
 	result *runtime.ExecResult
 	// kept is the output kept per stream, as a node keeps it.
-	kept map[string]*bytes.Buffer
+	kept map[string]*testutil.SyncBuffer
 }
 
 func (e *fakeExec) kill(sig int) {
@@ -64,7 +65,7 @@ func (f *Fake) StartExec(ctx context.Context, req node.ExecRequest, pio runtime.
 		info: node.ExecInfo{ExecID: id, SandboxID: req.SandboxID, Pid: 1000 + f.execSeq, Request: req, Running: true, StartedAt: time.Now()},
 		done: make(chan struct{}),
 		sig:  make(chan int, 1),
-		kept: map[string]*bytes.Buffer{runtime.StdoutLog: {}, runtime.StderrLog: {}},
+		kept: map[string]*testutil.SyncBuffer{runtime.StdoutLog: {}, runtime.StderrLog: {}},
 	}
 	sb.execs[id] = e
 	f.mu.Unlock()
@@ -76,7 +77,7 @@ func (f *Fake) StartExec(ctx context.Context, req node.ExecRequest, pio runtime.
 func (e *fakeExec) run(args []string, timeout time.Duration, pio runtime.IO) {
 	start := time.Now()
 	res := runtime.ExecResult{ExecID: e.info.ExecID, Pid: e.info.Pid}
-	stdout, stderr := e.keep(runtime.StdoutLog, pio.Stdout), e.keep(runtime.StderrLog, pio.Stderr)
+	stdout, stderr := e.kept[runtime.StdoutLog].Tee(pio.Stdout), e.kept[runtime.StderrLog].Tee(pio.Stderr)
 	switch args[0] {
 	case "echo":
 		_, _ = io.WriteString(stdout, strings.Join(args[1:], " ")+"\n")
@@ -112,26 +113,6 @@ func (e *fakeExec) run(args []string, timeout time.Duration, pio runtime.IO) {
 	e.result = &res
 	e.mu.Unlock()
 	close(e.done)
-}
-
-// keep returns a writer to w (nil: none) that also keeps what is written.
-func (e *fakeExec) keep(stream string, w io.Writer) io.Writer {
-	k := &keptWriter{e: e, buf: e.kept[stream]}
-	if w == nil {
-		return k
-	}
-	return io.MultiWriter(w, k)
-}
-
-type keptWriter struct {
-	e   *fakeExec
-	buf *bytes.Buffer
-}
-
-func (k *keptWriter) Write(p []byte) (int, error) {
-	k.e.mu.Lock()
-	defer k.e.mu.Unlock()
-	return k.buf.Write(p)
 }
 
 func (f *Fake) exec(sandboxID, execID string) (*fakeExec, error) {
@@ -208,9 +189,7 @@ func (f *Fake) ExecOutput(ctx context.Context, sandboxID, execID, stream string)
 	if err != nil {
 		return nil, 0, err
 	}
-	e.mu.Lock()
-	b := bytes.Clone(e.kept[stream].Bytes())
-	e.mu.Unlock()
+	b := e.kept[stream].Bytes()
 	return io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
 }
 
