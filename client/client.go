@@ -221,6 +221,16 @@ func (c *Client) Health(ctx context.Context) error {
 }
 
 // esc escapes one path segment (ids, image refs with '/' or ':').
+// download GETs raw bytes; the caller closes the response's body.
+func (c *Client) download(ctx context.Context, path string, q url.Values) (*http.Response, error) {
+	req, err := c.newRequest(ctx, http.MethodGet, path, q, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/octet-stream")
+	return c.send(req)
+}
+
 func esc(s string) string { return url.PathEscape(s) }
 
 func sandboxPath(id string, rest ...string) string {

@@ -260,12 +260,7 @@ func (c *Client) ExecOutput(ctx context.Context, sandboxID, execID, stream strin
 	if stream != Stdout && stream != Stderr {
 		return nil, fmt.Errorf("stream %q: want %q or %q: %w", stream, Stdout, Stderr, errdefs.ErrInvalidArgument)
 	}
-	req, err := c.newRequest(ctx, http.MethodGet, sandboxPath(sandboxID, "/execs/", esc(execID), "/output"), url.Values{"stream": {stream}}, nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Accept", "application/octet-stream")
-	resp, err := c.send(req)
+	resp, err := c.download(ctx, sandboxPath(sandboxID, "/execs/", esc(execID), "/output"), url.Values{"stream": {stream}})
 	if err != nil {
 		return nil, err
 	}

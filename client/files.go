@@ -35,12 +35,7 @@ func (c *Client) ReadFile(ctx context.Context, sandboxID, p string) (io.ReadClos
 	if err := checkPath(p); err != nil {
 		return nil, nil, err
 	}
-	req, err := c.newRequest(ctx, http.MethodGet, sandboxPath(sandboxID, "/files"), fileQuery(p), nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	req.Header.Set("Accept", "application/octet-stream")
-	resp, err := c.send(req)
+	resp, err := c.download(ctx, sandboxPath(sandboxID, "/files"), fileQuery(p))
 	if err != nil {
 		return nil, nil, err
 	}
