@@ -75,26 +75,23 @@ func (s *ControlPlane) flushExecs(ctx context.Context) {
 	r.mu.Lock()
 	r.armed = false
 	batch := make(map[string]node.ExecInfo, len(r.pending))
+	counts := make(map[string]int, len(r.pending)) // records per sandbox, where known
 	for k, v := range r.pending {
 		batch[k] = v
+		if n, ok := r.kept[v.SandboxID]; ok {
+			counts[v.SandboxID] = n
+		}
 	}
 	r.mu.Unlock()
 	if len(batch) == 0 {
 		return
 	}
-	r.mu.Lock()
-	counts := make(map[string]int, len(batch))
-	for _, info := range batch {
-		if n, ok := r.kept[info.SandboxID]; ok {
-			counts[info.SandboxID] = n
-		}
-	}
-	r.mu.Unlock()
 	err := s.st.Update(ctx, func(tx store.Tx) error {
 		for k, info := range batch {
+			// Only whether they exist matters: raw, not decoded.
+			var raw json.RawMessage
 			// A sandbox deleted meanwhile took its exec records along.
-			var rec sandboxRecord
-			if err := tx.Get(ctx, store.BucketSandboxes, info.SandboxID, &rec); errdefs.IsNotFound(err) {
+			if err := tx.Get(ctx, store.BucketSandboxes, info.SandboxID, &raw); errdefs.IsNotFound(err) {
 				continue
 			} else if err != nil {
 				return err
@@ -106,8 +103,7 @@ func (s *ControlPlane) flushExecs(ctx context.Context) {
 					return err
 				}
 			}
-			var old node.ExecInfo
-			if err := tx.Get(ctx, store.BucketExecs, k, &old); errdefs.IsNotFound(err) {
+			if err := tx.Get(ctx, store.BucketExecs, k, &raw); errdefs.IsNotFound(err) {
 				n++
 			} else if err != nil {
 				return err
@@ -131,6 +127,7 @@ func (s *ControlPlane) flushExecs(ctx context.Context) {
 		s.log.Warn("recording exec results", "n", len(batch), "err", err)
 	}
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	if err == nil {
 		if r.kept == nil {
 			r.kept = map[string]int{}
@@ -139,15 +136,12 @@ func (s *ControlPlane) flushExecs(ctx context.Context) {
 			r.kept[id] = n
 		}
 	}
-	r.mu.Unlock()
-	r.mu.Lock()
 	for k, v := range batch {
 		// A newer result for the same exec stays queued.
 		if cur, ok := r.pending[k]; ok && cur.Result == v.Result {
 			delete(r.pending, k)
 		}
 	}
-	r.mu.Unlock()
 }
 
 // forgetExecCount drops the count of a deleted sandbox.
