@@ -121,15 +121,7 @@ func (l *Local) EachResident(fn func(Resident)) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	for id, sb := range l.sbs {
-		switch r := sb.resident.Load(); {
-		case r != nil:
-			fn(*r)
-		case sb.mu.TryLock(): // a record adopted as dead and never persisted since
-			fn(sb.residentView())
-			sb.mu.Unlock()
-		default:
-			fn(Resident{ID: id, State: StateCreating})
-		}
+		fn(sb.view(id))
 	}
 }
 
@@ -142,14 +134,20 @@ func (l *Local) Resident(id string) (Resident, bool) {
 	if sb == nil {
 		return Resident{}, false
 	}
+	return sb.view(id), true
+}
+
+// view is the sandbox's resource view without waiting for sb.mu: as last
+// published, or as "creating" while a create or delete holds it.
+func (sb *sandbox) view(id string) Resident {
 	if r := sb.resident.Load(); r != nil {
-		return *r, true
+		return *r
 	}
 	if sb.mu.TryLock() { // a record adopted as dead and never persisted since
 		defer sb.mu.Unlock()
-		return sb.residentView(), true
+		return sb.residentView()
 	}
-	return Resident{ID: id, State: StateCreating}, true
+	return Resident{ID: id, State: StateCreating}
 }
 
 type execEntry struct {
@@ -252,7 +250,7 @@ func (l *Local) recover(ctx context.Context) error {
 		l.log.Info("node: adopted sandbox", "id", rec.ID, "state", sb.rec.State)
 	}
 	l.reapOrphans(ctx)
-	l.sweepExecRecords()
+	l.sweepExecRecords(ents)
 	live := make([]string, 0, len(l.sbs))
 	for id, sb := range l.sbs {
 		if sb.rec.State == StateRunning || sb.rec.State == StatePaused {
@@ -268,18 +266,12 @@ func (l *Local) recover(ctx context.Context) error {
 // sweepExecRecords removes the exec records of sandboxes the node no
 // longer has: a delete cut short, or servers before 2026-11-30, whose
 // deletes left them behind.
-func (l *Local) sweepExecRecords() {
-	ents, err := os.ReadDir(l.metaDir())
-	if err != nil {
-		return
-	}
+// ents is recover's listing of the records' directory.
+func (l *Local) sweepExecRecords(ents []os.DirEntry) {
 	for _, e := range ents {
 		id, ok := strings.CutSuffix(e.Name(), ".execs")
-		if !ok || !validID(id) || l.sbs[id] != nil {
+		if !ok || !l.recordless(id) {
 			continue
-		}
-		if _, err := os.Lstat(l.metaPath(id)); err == nil {
-			continue // an unreadable record, kept aside with its execs
 		}
 		if err := os.RemoveAll(filepath.Join(l.metaDir(), e.Name())); err != nil {
 			l.log.Warn("node: remove exec records of a deleted sandbox", "id", id, "err", err)
@@ -287,6 +279,17 @@ func (l *Local) sweepExecRecords() {
 		}
 		l.log.Info("node: removed exec records of a deleted sandbox", "id", id)
 	}
+}
+
+// recordless reports whether id names no sandbox of the node, not even
+// one whose record was unreadable (kept aside with what it has). Only
+// during recover, before anything else can create a sandbox.
+func (l *Local) recordless(id string) bool {
+	if !validID(id) || l.sbs[id] != nil {
+		return false
+	}
+	_, err := os.Lstat(l.metaPath(id))
+	return err != nil
 }
 
 // reapOrphans removes the sandboxes whose directory exists without a
@@ -308,11 +311,8 @@ func (l *Local) reapOrphans(ctx context.Context) {
 	}
 	for _, e := range ents {
 		id := e.Name()
-		if !e.IsDir() || !validID(id) || l.sbs[id] != nil {
+		if !e.IsDir() || !l.recordless(id) {
 			continue
-		}
-		if _, err := os.Lstat(l.metaPath(id)); err == nil {
-			continue // an unreadable record, kept aside with its sandbox
 		}
 		dir := filepath.Join(l.sandboxesDir(), id)
 		if err := l.deps.Orphans.ReapOrphan(ctx, id, dir); err != nil {
