@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	goruntime "runtime"
@@ -89,6 +90,12 @@ func (r *residentCPU) add(e *residentEntry) {
 	r.unmeasured[e.request]++
 }
 
+// drop stops tracking id.
+func (r *residentCPU) drop(id string, e *residentEntry) {
+	r.sub(e)
+	delete(r.entries, id)
+}
+
 func (r *residentCPU) sub(e *residentEntry) {
 	if e.measured {
 		r.p95Nanos -= e.p95Nanos
@@ -146,8 +153,7 @@ func (s *StatsSampler) UntrackIf(id string, gen uint64) {
 	s.resMu.Lock()
 	defer s.resMu.Unlock()
 	if e := s.res.entries[id]; e != nil && e.gen == gen {
-		s.res.sub(e)
-		delete(s.res.entries, id)
+		s.res.drop(id, e)
 	}
 }
 
@@ -173,8 +179,7 @@ func (s *StatsSampler) Prune(gen uint64, live func(id string) bool) {
 	r := &s.res
 	for id, e := range r.entries {
 		if e.gen <= gen && !live(id) {
-			r.sub(e)
-			delete(r.entries, id)
+			r.drop(id, e)
 		}
 	}
 }
@@ -227,18 +232,8 @@ func (s *StatsSampler) ResidentCPU(except []string) ResidentCPU {
 			out.Unmeasured = append(out.Unmeasured, RequestCount{CPU: req, Count: n})
 		}
 	}
-	slices.SortFunc(out.Unmeasured, func(a, b RequestCount) int { return compareFloat(a.CPU, b.CPU) })
+	slices.SortFunc(out.Unmeasured, func(a, b RequestCount) int { return cmp.Compare(a.CPU, b.CPU) })
 	return out
-}
-
-func compareFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // NewStatsSampler keeps CPU readings of the last window per sandbox;
@@ -295,8 +290,7 @@ func (s *StatsSampler) Forget(id string) {
 	s.resMu.Lock()
 	defer s.resMu.Unlock()
 	if e := s.res.entries[id]; e != nil {
-		s.res.sub(e)
-		delete(s.res.entries, id)
+		s.res.drop(id, e)
 	}
 }
 
