@@ -24,9 +24,12 @@ func TestForkBombIsContained(t *testing.T) {
 	e.create("bystander")
 	done := make(chan *result, 1)
 	go func() {
-		// exec, not a fork: with every pid taken, a forked sleep failed
-		// now and then and the shell ended before its timeout.
-		r, err := e.run("bomb", runtime.Process{Args: []string{"sh", "-c", "f(){ f | f & }; f; exec sleep 2"}, Timeout: 2 * time.Second}, "")
+		// The bomb runs in a background subshell, forked before any pid
+		// is taken: busybox sh forks each part of `f | f &` itself, and a
+		// non-interactive shell whose fork fails exits, so a bomb started
+		// by the exec's own shell ended it early now and then, before its
+		// timeout. The shell then becomes a sleep that outlasts it.
+		r, err := e.run("bomb", runtime.Process{Args: []string{"sh", "-c", "(f(){ f | f & }; f) & exec sleep 30"}, Timeout: 2 * time.Second}, "")
 		if err != nil {
 			t.Error(err)
 		}
